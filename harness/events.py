@@ -1,0 +1,187 @@
+"""Events: the calls a scheduler makes on the KV cache manager, one per object.
+
+This is the input side of the driver protocol (DESIGN.md §4): every backend
+executes these and answers each with a plain JSON-able dict, so that the answers
+of impl, of vLLM and of a recorded trace compare with `==`.
+
+Request state that the scheduler owns (num_computed_tokens, status, preemption
+count) is advanced by the backend the way vLLM's scheduler advances it:
+- `Allocate` that succeeds: num_computed_tokens += hit + external + new tokens,
+  status RUNNING (WAITING_FOR_REMOTE_KVS when caching is delayed for a KV load);
+- `Preempt`: blocks freed, num_computed_tokens = 0, num_preemptions += 1.
+A `Lookup` is consumed by the request's next `Allocate`, which adopts its hit.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar
+
+# A request's LoRA adapter and multimodal placeholders are plain data shared
+# with impl's request; events are built with them.
+from impl.request import LoRA, MMFeature  # noqa: F401
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEmbeds:
+    """Seeded float32 prompt embeddings, `dim` values a token.
+
+    Real embeddings would bloat traces; these are reproducible from the seed, and
+    both backends hash the very same bytes.
+    """
+
+    dim: int
+    seed: int
+
+    def to_bytes(self, num_tokens: int) -> bytes:
+        n = num_tokens * self.dim
+        # A small LCG: deterministic, platform independent, no numpy needed.
+        x = self.seed & 0xFFFFFFFF
+        vals = []
+        for _ in range(n):
+            x = (1103515245 * x + 12345) & 0x7FFFFFFF
+            vals.append(x / 0x7FFFFFFF - 0.5)
+        return struct.pack(f"<{n}f", *vals)
+
+
+@dataclass(slots=True)
+class Event:
+    kind: ClassVar[str] = ""
+
+
+@dataclass(slots=True)
+class AddRequest(Event):
+    """A request arrives; its prompt's full blocks are hashed.
+    Answer: {"block_hashes": [hex, ...]}."""
+
+    kind: ClassVar[str] = "add_request"
+    req: str
+    prompt: list[int]
+    lora: LoRA | None = None
+    cache_salt: str | None = None
+    mm: tuple[MMFeature, ...] = ()
+    # With embeddings the prompt's token ids are zeros, as in vLLM.
+    prompt_embeds: PromptEmbeds | None = None
+    skip_reading_prefix_cache: bool = False
+    session_id: str | None = None
+
+
+@dataclass(slots=True)
+class Lookup(Event):
+    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]}."""
+
+    kind: ClassVar[str] = "lookup"
+    req: str
+
+
+@dataclass(slots=True)
+class Allocate(Event):
+    """allocate_slots. Answer: {"block_ids": [[new ids per group]]} or
+    {"refused": true}."""
+
+    kind: ClassVar[str] = "allocate"
+    req: str
+    num_new_tokens: int
+    num_lookahead_tokens: int = 0
+    num_external_computed_tokens: int = 0
+    delay_cache_blocks: bool = False
+    num_encoder_tokens: int = 0
+    full_sequence_must_fit: bool = False
+    reserved_blocks: int = 0
+    has_scheduled_reqs: bool = True
+
+
+@dataclass(slots=True)
+class AppendTokens(Event):
+    """Output tokens appended (update_from_output).
+    Answer: {"block_hashes": [hex of newly full blocks]}."""
+
+    kind: ClassVar[str] = "append_tokens"
+    req: str
+    tokens: list[int]
+
+
+@dataclass(slots=True)
+class CacheBlocks(Event):
+    """cache_blocks, e.g. once a delayed KV load finished. Answer: {}."""
+
+    kind: ClassVar[str] = "cache_blocks"
+    req: str
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class RecordStats(Event):
+    """record_prefix_cache_stats at admission (0.32+). Answer: {}."""
+
+    kind: ClassVar[str] = "record_stats"
+    req: str
+    num_hits: int
+
+
+@dataclass(slots=True)
+class Free(Event):
+    """The request finished: free its blocks and forget it. Answer: {}."""
+
+    kind: ClassVar[str] = "free"
+    req: str
+
+
+@dataclass(slots=True)
+class Preempt(Event):
+    """The scheduler preempts the request: free its blocks, keep it waiting with
+    num_computed_tokens = 0. Answer: {}."""
+
+    kind: ClassVar[str] = "preempt"
+    req: str
+
+
+@dataclass(slots=True)
+class ResetPrefixCache(Event):
+    """Answer: {"ok": bool} (refused while blocks are held)."""
+
+    kind: ClassVar[str] = "reset_prefix_cache"
+
+
+@dataclass(slots=True)
+class EvictBlocks(Event):
+    """Drop blocks from the prefix cache (a KV connector's report). Answer: {}."""
+
+    kind: ClassVar[str] = "evict_blocks"
+    block_ids: list[int]
+
+
+@dataclass(slots=True)
+class Step(Event):
+    """new_step_starts: a scheduler step boundary. Answer: {}."""
+
+    kind: ClassVar[str] = "step"
+
+
+CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
+
+
+@dataclass(slots=True)
+class Checkpoint(Event):
+    """Observe state. Answer: one key per requested field:
+    free_queue (block ids, head first), num_free, usage, stats (snapshot, resets
+    them), events (drained KV events)."""
+
+    kind: ClassVar[str] = "checkpoint"
+    fields: tuple[str, ...] = CHECKPOINT_FIELDS
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.fields if f not in CHECKPOINT_FIELDS]
+        if unknown:
+            raise ValueError(f"unknown checkpoint field(s) {unknown}")
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
+        Free, Preempt, ResetPrefixCache, EvictBlocks, Step, Checkpoint,
+    )
+}
+

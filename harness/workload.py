@@ -1,0 +1,201 @@
+"""A seeded, scheduler-like workload: the calls vLLM's scheduler would make.
+
+It emulates the v1 scheduler's loop closely enough to produce realistic call
+sequences (FCFS admission, chunked prefill under a token budget, decode one token
+a step, preemption of the newest running request when the pool is full, requeue
+at the head of the waiting queue), without a model: sampled tokens come from a
+seeded RNG. Prompts share system prompts and continue earlier conversations, so
+prefix hits, evictions and hash chains happen all the time.
+
+It is a generator that needs the answers: `drive(workload, run)` feeds each
+event's answer back, because what a scheduler does next depends on whether an
+allocation was refused and how long a prefix hit was.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+
+from harness.events import (
+    AddRequest,
+    Allocate,
+    AppendTokens,
+    Checkpoint,
+    Event,
+    EvictBlocks,
+    Free,
+    Lookup,
+    Preempt,
+    RecordStats,
+    ResetPrefixCache,
+    Step,
+)
+from impl.profiles import StatsRecordedAt, VersionProfile
+
+EventStream = Generator[Event, dict, None]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    seed: int = 0
+    num_requests: int = 120
+    block_size: int = 16
+    vocab: int = 50
+    num_system_prompts: int = 4
+    system_prompt_blocks: tuple[int, int] = (1, 6)
+    user_tokens: tuple[int, int] = (1, 80)
+    max_tokens: tuple[int, int] = (1, 60)
+    # Probability that a new request continues a finished conversation.
+    p_continue: float = 0.35
+    token_budget: int = 256
+    max_running: int = 16
+    # New arrivals per step (at most); arrivals stop after num_requests.
+    arrivals_per_step: int = 2
+    # Rare administrative calls, per step.
+    p_reset: float = 0.01
+    p_evict: float = 0.01
+
+
+@dataclass(slots=True)
+class _Req:
+    req_id: str
+    tokens: list[int]
+    max_tokens: int
+    num_computed: int = 0
+    num_output: int = 0
+
+
+@dataclass(slots=True)
+class SchedulerWorkload:
+    spec: WorkloadSpec
+    profile: VersionProfile
+    num_blocks: int
+    rng: random.Random = field(init=False)
+    waiting: list[_Req] = field(default_factory=list)
+    running: list[_Req] = field(default_factory=list)
+    finished_conversations: list[list[int]] = field(default_factory=list)
+    system_prompts: list[list[int]] = field(default_factory=list)
+    num_added: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.spec.seed)
+        lo, hi = self.spec.system_prompt_blocks
+        self.system_prompts = [
+            self._tokens(self.rng.randint(lo, hi) * self.spec.block_size)
+            for _ in range(self.spec.num_system_prompts)
+        ]
+
+    def _tokens(self, n: int) -> list[int]:
+        v = self.spec.vocab
+        return [self.rng.randrange(v) for _ in range(n)]
+
+    def _new_prompt(self) -> list[int]:
+        s = self.spec
+        if self.finished_conversations and self.rng.random() < s.p_continue:
+            base = list(self.rng.choice(self.finished_conversations))
+        else:
+            base = list(self.rng.choice(self.system_prompts))
+        prompt = base + self._tokens(self.rng.randint(*s.user_tokens))
+        # Keep prompt + output under what the pool can ever hold.
+        limit = (self.num_blocks - 2) * s.block_size - s.max_tokens[1]
+        return prompt[-limit:] if len(prompt) > limit else prompt
+
+    def events(self) -> EventStream:
+        s = self.spec
+        record_at_admission = self.profile.stats_recorded_at is StatsRecordedAt.ADMISSION
+        while self.num_added < s.num_requests or self.waiting or self.running:
+            # Arrivals.
+            for _ in range(self.rng.randint(0, s.arrivals_per_step)):
+                if self.num_added >= s.num_requests:
+                    break
+                req = _Req(f"r{self.num_added}", self._new_prompt(),
+                           self.rng.randint(*s.max_tokens))
+                self.num_added += 1
+                yield AddRequest(req.req_id, list(req.tokens))
+                self.waiting.append(req)
+
+            yield Step()
+            budget = s.token_budget
+            scheduled: list[_Req] = []
+            preempted_this_step = False
+
+            # Running requests first, in admission order.
+            i = 0
+            while i < len(self.running) and budget > 0:
+                req = self.running[i]
+                num_new = min(len(req.tokens) - req.num_computed, budget)
+                while True:
+                    answer = yield Allocate(req.req_id, num_new)
+                    if "refused" not in answer:
+                        req.num_computed += num_new
+                        budget -= num_new
+                        scheduled.append(req)
+                        i += 1
+                        break
+                    # Preempt the newest running request and retry.
+                    victim = self.running.pop()
+                    preempted_this_step = True
+                    yield Preempt(victim.req_id)
+                    yield Checkpoint(("free_queue", "num_free"))
+                    victim.num_computed = 0
+                    self.waiting.insert(0, victim)
+                    if victim is req:
+                        break
+
+            # Then waiting requests (FCFS), unless someone was just preempted.
+            while (
+                not preempted_this_step
+                and self.waiting
+                and budget > 0
+                and len(self.running) < s.max_running
+            ):
+                req = self.waiting[0]
+                answer = yield Lookup(req.req_id)
+                hit = answer["hit_tokens"]
+                num_new = min(len(req.tokens) - hit, budget)
+                answer = yield Allocate(req.req_id, num_new)
+                if "refused" in answer:
+                    break
+                if record_at_admission:
+                    yield RecordStats(req.req_id, hit)
+                req.num_computed = hit + num_new
+                budget -= num_new
+                self.waiting.pop(0)
+                self.running.append(req)
+                scheduled.append(req)
+
+            # Model output: a token for every request whose prefill is done.
+            for req in scheduled:
+                if req.num_computed < len(req.tokens):
+                    continue  # a prefill chunk; no token sampled
+                token = self.rng.randrange(s.vocab)
+                req.tokens.append(token)
+                req.num_output += 1
+                yield AppendTokens(req.req_id, [token])
+                if req.num_output >= req.max_tokens:
+                    self.running.remove(req)
+                    yield Free(req.req_id)
+                    yield Checkpoint(("free_queue", "num_free"))
+                    self.finished_conversations.append(req.tokens)
+
+            if self.rng.random() < s.p_evict:
+                yield EvictBlocks(self.rng.sample(range(1, self.num_blocks),
+                                                  min(3, self.num_blocks - 1)))
+            if self.rng.random() < s.p_reset:
+                yield ResetPrefixCache()
+            yield Checkpoint(("num_free", "usage", "events"))
+        yield Checkpoint()
+
+
+def drive(stream: EventStream, run: Callable[[Event], dict]) -> Iterator[tuple[Event, dict]]:
+    """Run a workload stream, feeding each answer back; yield (event, answer)."""
+    try:
+        event = next(stream)
+        while True:
+            answer = run(event)
+            yield event, answer
+            event = stream.send(answer)
+    except StopIteration:
+        return

@@ -1,0 +1,130 @@
+"""Invariants of a KV cache manager's state, checkable after every operation.
+
+They catch impl bugs at the operation that causes them, long before a diverging
+block id would show up; the fuzzer runs them after every call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from impl.kv_cache_manager import KVCacheManager
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def check_invariants(manager: KVCacheManager) -> None:
+    """Raise InvariantViolation naming the first broken invariant (stateless
+    checks only; InvariantChecker adds the ones that need history)."""
+    pool = manager.block_pool
+    queue = pool.free_block_queue
+
+    # The free queue is a well-formed list: links agree both ways, its length is
+    # num_free_blocks, and no block appears twice.
+    in_queue: set[int] = set()
+    prev = queue.head
+    block = queue.head.next_free_block
+    while block is not queue.tail:
+        if block is None:
+            raise InvariantViolation("free queue is broken: a link is None")
+        if block.prev_free_block is not prev:
+            raise InvariantViolation(f"free queue back-link of block {block.block_id} is wrong")
+        if block.block_id in in_queue:
+            raise InvariantViolation(f"block {block.block_id} is in the free queue twice")
+        in_queue.add(block.block_id)
+        prev, block = block, block.next_free_block
+    if queue.tail.prev_free_block is not prev:
+        raise InvariantViolation("free queue tail back-link is wrong")
+    if len(in_queue) != queue.num_free_blocks:
+        raise InvariantViolation(
+            f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}"
+        )
+
+    # Every reference is a request holding the block (prefix sharing included).
+    held: Counter[int] = Counter()
+    for holders in _holders(manager).values():
+        for block_id in holders:
+            held[block_id] += 1
+
+    for b in pool.blocks:
+        if b.ref_cnt < 0:
+            raise InvariantViolation(f"block {b.block_id} has ref_cnt {b.ref_cnt} < 0")
+        if b.is_null:
+            if b.block_id in in_queue:
+                raise InvariantViolation("the null block is in the free queue")
+            if b.block_hash is not None:
+                raise InvariantViolation("the null block is cached")
+            continue
+        free = b.ref_cnt == 0
+        if free != (b.block_id in in_queue):
+            raise InvariantViolation(
+                f"block {b.block_id} ref_cnt={b.ref_cnt} but "
+                f"{'in' if b.block_id in in_queue else 'not in'} the free queue"
+            )
+        if b.ref_cnt != held[b.block_id]:
+            raise InvariantViolation(
+                f"block {b.block_id} has ref_cnt {b.ref_cnt} but {held[b.block_id]} "
+                "request(s) hold it"
+            )
+
+    # The hash map points only at blocks carrying that very hash, and every
+    # block with a hash is in the map.
+    mapped: set[int] = set()
+    for key, b in pool.cached_block_hash_to_block.items():
+        if b.block_hash != key:
+            raise InvariantViolation(
+                f"hash map entry {key.hex()[:12]} points at block {b.block_id} whose "
+                f"hash is {b.block_hash.hex()[:12] if b.block_hash else None}"
+            )
+        mapped.add(b.block_id)
+    for b in pool.blocks:
+        if b.block_hash is not None and b.block_id not in mapped:
+            raise InvariantViolation(f"block {b.block_id} has a hash but is not in the map")
+    if not manager.enable_caching and mapped:
+        raise InvariantViolation("blocks are cached while caching is disabled")
+
+
+def _holders(manager: KVCacheManager) -> dict[str, list[int]]:
+    """(group, request) -> ids of the non-null blocks it holds."""
+    out: dict[str, list[int]] = {}
+    for group in manager.coordinator.single_type_managers:
+        for req, blocks in group.req_to_blocks.items():
+            out[f"{group.kv_cache_group_id}/{req}"] = [
+                b.block_id for b in blocks if not b.is_null
+            ]
+    return out
+
+
+class InvariantChecker:
+    """check_invariants plus the invariant that needs to remember the previous
+    state: a block is handed to a second request only through a prefix hit.
+
+    A request starts holding a block either by allocation (the block was free, so
+    nobody else held it) or by a prefix hit (the block was cached). So whenever a
+    block gains a holder while another request holds it, it must be cached right
+    after that operation; its hash may be evicted later, which is legitimate.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, set[str]] = {}
+
+    def check(self, manager: KVCacheManager) -> None:
+        check_invariants(manager)
+        current: dict[int, set[str]] = {}
+        for holder, block_ids in _holders(manager).items():
+            for block_id in block_ids:
+                current.setdefault(block_id, set()).add(holder)
+        blocks = manager.block_pool.blocks
+        for block_id, holders in current.items():
+            if len(holders) < 2:
+                continue
+            new = holders - self._previous.get(block_id, set())
+            if new and blocks[block_id].block_hash is None:
+                raise InvariantViolation(
+                    f"block {block_id} was handed to {sorted(new)} while "
+                    f"{sorted(holders - new)} held it, and it is not cached: it was "
+                    "shared without a prefix hit"
+                )
+        self._previous = current

@@ -1,0 +1,35 @@
+"""The conformance runner reports conformance, and divergence when there is one."""
+
+import pytest
+
+from harness.conform import WORKLOADS, CaseResult, format_table, run_workload
+from impl.profiles import PROFILES
+
+pytestmark = pytest.mark.vllm
+
+
+def test_workload_conforms():
+    result = run_workload(WORKLOADS[0], PROFILES["0.32"])
+    assert result.problem is None and result.num_events > 5000
+
+
+def test_a_wrong_free_order_in_impl_is_caught(monkeypatch):
+    import impl.block_pool
+
+    # Inject a fault: impl frees like 0.17 while vLLM is 0.32.
+    real_init = impl.block_pool.BlockPool.__init__
+
+    def faulty_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._unhashed_first = False
+
+    monkeypatch.setattr(impl.block_pool.BlockPool, "__init__", faulty_init)
+    result = run_workload(WORKLOADS[0], PROFILES["0.32"])
+    assert result.problem is not None
+    assert "free_queue" in result.problem or "block_ids" in result.problem
+
+
+def test_table_lists_every_case():
+    table = format_table([CaseResult("a", 10, 0.1, None), CaseResult("bb", 5, 0.2, "x")])
+    assert "a " in table and "conformant" in table and "DIVERGED" in table
+    assert "2 cases, 15 events compared live, 1 diverged" in table
