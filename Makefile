@@ -21,7 +21,8 @@ REQUIREMENTS := \
 	pytest-benchmark==5.3.1 \
 	hypothesis==6.170.17 \
 	pyyaml==6.0.4 \
-	jsonschema==4.26.0
+	jsonschema==4.26.0 \
+	fastjsonschema==2.22.3
 
 .PHONY: install test conform bench clean-venv
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Print ops/s per backend and the impl/vLLM ratio from pytest-benchmark JSON.
+"""Print the benchmark results that matter from pytest-benchmark JSON:
+KV-manager ops/s per backend with the impl/vLLM ratio, trace events/s, and
+streaming-replay peak memory.
 
     python ci/bench_ratio.py .bench/results.json
 """
@@ -11,18 +13,22 @@ import sys
 def main(path: str) -> int:
     with open(path) as f:
         data = json.load(f)
-    rows = {}
+    ops = {}
     for b in data["benchmarks"]:
-        if b["group"] != "kvcm-ops":
-            continue
-        ops = b["extra_info"]["ops"]
-        rows[b["param"]] = (ops / b["stats"]["median"], ops / b["stats"]["max"],
-                            ops / b["stats"]["min"])
-    print(f"{'backend':<8} {'ops/s (median)':>15} {'worst':>10} {'best':>10}")
-    for name, (med, worst, best) in sorted(rows.items()):
-        print(f"{name:<8} {med:>15,.0f} {worst:>10,.0f} {best:>10,.0f}")
-    if "impl" in rows and "vllm" in rows:
-        print(f"impl/vLLM ops/s ratio (median): {rows['impl'][0] / rows['vllm'][0]:.2f}x")
+        info, group = b["extra_info"], b["group"]
+        if group == "kvcm-ops":
+            ops[b["param"]] = info["ops"] / b["stats"]["median"]
+        elif group == "trace-events":
+            print(f"trace {b['param']:<6} {info['events_per_s']:>10,.0f} events/s "
+                  f"({info['events']} events)")
+        elif group == "trace-memory":
+            print("streaming replay peak RSS: " + ", ".join(
+                f"{k.removeprefix('peak_rss_mb_')} events {v:.1f} MB"
+                for k, v in info.items() if k.startswith("peak_rss_mb_")))
+    for name, rate in sorted(ops.items()):
+        print(f"kvcm-ops {name:<6} {rate:>10,.0f} ops/s (median)")
+    if "impl" in ops and "vllm" in ops:
+        print(f"impl/vLLM ops/s ratio: {ops['impl'] / ops['vllm']:.2f}x")
     return 0
 
 

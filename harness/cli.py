@@ -1,12 +1,15 @@
 """`kvconform`: the command line (DESIGN.md §6).
 
 Exit codes for every verb: 0 conformant, 1 a divergence, 2 bad input or usage,
-3 the environment is wrong (vLLM missing, or a version with no profile).
+3 the environment is wrong (vLLM missing, or a version with no profile). Over
+several traces the worst code wins (3 > 2 > 1 > 0); every trace is still run
+and reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
@@ -14,9 +17,61 @@ EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2, in one line
-        self.print_usage(sys.stderr)
-        print(f"kvconform: {message}", file=sys.stderr)
+        print(f"kvconform: {message} (see kvconform --help)", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+
+
+def _worst(codes: list[int]) -> int:
+    return max(codes, default=EXIT_OK)
+
+
+def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
+    from harness.replay import check_trace
+    from harness.report import format_divergence, format_outcome_line, outcome_json
+    from harness.trace import find_traces
+
+    paths = find_traces(args.traces)
+    if not paths:
+        print(f"kvconform: no traces under {' '.join(args.traces)}", file=sys.stderr)
+        return EXIT_USAGE
+    explicit = set(args.traces)
+    outcomes = []
+    progress = not args.json
+    for path in paths:
+        o = check_trace(path, backends, progress=progress, explicit=path in explicit)
+        outcomes.append(o)
+        if o.error is not None:
+            print(str(o.error), file=sys.stderr)
+        if not args.json:
+            print(format_outcome_line(o))
+            if o.divergence is not None:
+                print(format_divergence(o))
+    if args.json:
+        print(json.dumps([outcome_json(o) for o in outcomes], indent=1))
+    return _worst([o.exit_code for o in outcomes])
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    return _run_traces(args, [args.backend])
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    return _run_traces(args, ["vllm", "impl"])
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from harness.replay import check_trace
+    from harness.report import format_divergence, format_outcome_line
+
+    o = check_trace(args.input, ["vllm"], progress=True, writer_path=args.out)
+    if o.error is not None:
+        print(str(o.error), file=sys.stderr)
+        return o.exit_code
+    print(format_outcome_line(o))
+    if o.divergence is not None:
+        # The input carried answers or expectations that vLLM contradicts.
+        print(format_divergence(o))
+    return o.exit_code
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
@@ -26,19 +81,40 @@ def _cmd_conform(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvconform", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="kvconform",
+                     description="Conformance harness for vLLM's v1 KV cache manager.")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    p = sub.add_parser(
-        "conform",
-        help="run the bundled scenarios and seeded workloads live, impl vs installed vLLM",
-    )
+
+    p = sub.add_parser("replay", help="run traces through a backend and check their answers")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
+    p.add_argument("--backend", choices=["impl", "vllm"], default="impl")
+    p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("diff", help="run traces through impl and the installed vLLM "
+                       "side by side, comparing every answer (and the recorded ones)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
+    p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("record", help="fill a trace with the installed vLLM's answers")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("--out", required=True, metavar="OUT",
+                   help="where to write it (.jsonl or .yaml; may be IN itself)")
+    p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser("conform", help="the bundled traces and seeded workloads, "
+                       "impl vs the installed vLLM, as a table")
     p.set_defaults(func=_cmd_conform)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

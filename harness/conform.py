@@ -1,11 +1,15 @@
-"""The live conformance run: scenarios and seeded workloads, impl vs installed vLLM.
+"""The conformance run: every bundled trace and the seeded workloads.
 
-Every event runs on vLLM's KVCacheManager and on impl's, and their answers must
-be equal (block ids, hit tokens, free-queue order, KV events, stats); scenario
-steps must also match their hand-derived expectations.
+- Each trace under traces/ recorded for the installed vLLM's version is diffed:
+  impl and vLLM run side by side, their answers must be equal, equal to the
+  recorded answers, and satisfy the hand-derived expectations. Traces of other
+  versions are replayed on impl with their own profile.
+- Each seeded workload runs impl and vLLM in lockstep: every answer, the free
+  queue after every free and preemption, and the KV events must be identical.
 
-    python -m harness.conform        (what `make conform` runs)
-Exit codes: 0 conformant, 1 a divergence, 3 vLLM missing / unsupported version.
+    kvconform conform        (what `make conform` runs)
+Exit codes: 0 conformant, 1 a divergence, 2 a bad trace, 3 vLLM missing or
+unsupported.
 """
 
 from __future__ import annotations
@@ -14,16 +18,20 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import EnvironmentProblem, VllmBackend, installed_vllm_profile
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.lockstep import run_lockstep
-from harness.scenarios import SCENARIOS, Scenario, check_expected
+from harness.replay import check_trace
+from harness.report import format_divergence
+from harness.trace import find_traces
 from harness.workload import SchedulerWorkload, WorkloadSpec
 from impl.profiles import VersionProfile
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +61,24 @@ WORKLOADS: list[WorkloadCase] = [
 @dataclass(slots=True)
 class CaseResult:
     name: str
+    mode: str
     num_events: int
     seconds: float
     problem: str | None  # None = conformant
+    exit_code: int = EXIT_OK
 
 
-def run_scenario(scenario: Scenario, profile: VersionProfile) -> CaseResult:
-    t0 = time.perf_counter()
-    backends = [VllmBackend(scenario.config, profile), ImplBackend(scenario.config, profile,
-                                                                   check=True)]
-    for i, (event, expected) in enumerate(scenario.steps):
-        answers = {b.name: b.run(event) for b in backends}
-        for name, answer in answers.items():
-            err = check_expected(answer, expected)
-            if err:
-                return CaseResult(scenario.name, i + 1, time.perf_counter() - t0,
-                                  f"#{i} {event.kind}: {name} {err}")
-        if answers["vllm"] != answers["impl"]:
-            return CaseResult(scenario.name, i + 1, time.perf_counter() - t0,
-                              f"#{i} {event.kind}: vllm {answers['vllm']} != impl "
-                              f"{answers['impl']}")
-    return CaseResult(scenario.name, len(scenario.steps), time.perf_counter() - t0, None)
+def run_trace(path: str) -> CaseResult:
+    name = str(Path(path).relative_to(TRACES_DIR)) if path.startswith(str(TRACES_DIR)) else path
+    o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
+    if o.skipped:  # recorded for another vLLM version: impl replays it
+        o, mode = check_trace(path, ["impl"]), f"replay {o.profile}"
+    problem = None
+    if o.error is not None:
+        problem = str(o.error)
+    elif o.divergence is not None:
+        problem = format_divergence(o)
+    return CaseResult(name, mode, o.num_events, o.seconds, problem, o.exit_code)
 
 
 def run_workload(case: WorkloadCase, profile: VersionProfile) -> CaseResult:
@@ -82,23 +87,23 @@ def run_workload(case: WorkloadCase, profile: VersionProfile) -> CaseResult:
     result = run_lockstep(
         stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
     )
-    problem = None
-    if result.divergence is not None:
-        problem = result.divergence.describe()
-    return CaseResult(case.name, result.num_events, time.perf_counter() - t0, problem)
+    problem = None if result.divergence is None else result.divergence.describe()
+    return CaseResult(case.name, "lockstep", result.num_events, time.perf_counter() - t0,
+                      problem, EXIT_OK if problem is None else EXIT_DIVERGED)
 
 
 def format_table(results: list[CaseResult]) -> str:
     width = max(len(r.name) for r in results)
-    lines = [f"{'case':<{width}}  {'events':>7}  {'seconds':>7}  result",
-             f"{'-' * width}  {'-' * 7}  {'-' * 7}  {'-' * 10}"]
+    lines = [f"{'case':<{width}}  {'mode':<12}  {'events':>7}  {'seconds':>7}  result",
+             f"{'-' * width}  {'-' * 12}  {'-' * 7}  {'-' * 7}  {'-' * 10}"]
     for r in results:
-        verdict = "conformant" if r.problem is None else "DIVERGED"
-        lines.append(f"{r.name:<{width}}  {r.num_events:>7}  {r.seconds:>7.2f}  {verdict}")
+        verdict = "conformant" if r.problem is None else (
+            "DIVERGED" if r.exit_code == EXIT_DIVERGED else "ERROR")
+        lines.append(f"{r.name:<{width}}  {r.mode:<12}  {r.num_events:>7}  {r.seconds:>7.2f}  "
+                     f"{verdict}")
     total = sum(r.num_events for r in results)
     failed = sum(r.problem is not None for r in results)
-    lines.append(f"{len(results)} cases, {total} events compared live, "
-                 f"{failed} diverged")
+    lines.append(f"{len(results)} cases, {total} events checked, {failed} failed")
     return "\n".join(lines)
 
 
@@ -109,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvconform: {e}", file=sys.stderr)
         return EXIT_ENV
     cases: list[tuple[str, Callable[[], CaseResult]]] = [
-        (name, lambda make=make: run_scenario(make(), profile))
-        for name, make in SCENARIOS.items()
+        (p, lambda p=p: run_trace(p)) for p in find_traces([str(TRACES_DIR)])
     ] + [(c.name, lambda c=c: run_workload(c, profile)) for c in WORKLOADS]
 
     from tqdm import tqdm
@@ -118,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     bar = tqdm(cases, desc="conform", unit="case", disable=not sys.stderr.isatty())
     for name, run in bar:
-        bar.set_postfix_str(name)
+        bar.set_postfix_str(Path(name).name)
         results.append(run())
     print(format_table(results))
     for r in results:
         if r.problem is not None:
-            print(f"\n{r.name}: first divergence\n{r.problem}")
-    return EXIT_DIVERGED if any(r.problem for r in results) else EXIT_OK
+            print(f"\n{r.name}:\n{r.problem}")
+    return max((r.exit_code for r in results), default=EXIT_OK)
 
 
 if __name__ == "__main__":

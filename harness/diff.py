@@ -29,16 +29,32 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return path
 
 
+def check_expected(answer: dict, expected: dict | None) -> str | None:
+    """None if `answer` has every expected field with the expected value (a
+    hand-derived expectation names only the fields it cares about)."""
+    if expected is None:
+        return None
+    for key, want in expected.items():
+        if answer.get(key) != want:
+            return f"{key}: expected {want!r}, got {answer.get(key)!r}"
+    return None
+
+
 @dataclass(slots=True)
 class Divergence:
     index: int  # 0-based position of the event in the stream
     event: Event
-    # backend name (or "recorded") -> its answer
+    # backend name (or "recorded" / "expected") -> its answer
     answers: dict[str, Any]
     field: str
+    # Where the event is, when it comes from a trace.
+    path: str = ""
+    line: int = 0
+    record: Any = None
 
     def describe(self) -> str:
-        lines = [f"event #{self.index} {self.event.kind}: {self.event!r}",
+        where = f"{self.path}:{self.line}: " if self.path else ""
+        lines = [f"{where}event #{self.index} {self.event.kind}: {self.event!r}",
                  f"  first differing field: {self.field or '(whole answer)'}"]
         for name, answer in self.answers.items():
             lines.append(f"  {name:>8}: {answer}")

@@ -15,6 +15,7 @@ allocation was refused and how long a prefix hit was.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
@@ -51,8 +52,11 @@ class WorkloadSpec:
     p_continue: float = 0.35
     token_budget: int = 256
     max_running: int = 16
-    # New arrivals per step (at most); arrivals stop after num_requests.
+    # New arrivals per step (at most); arrivals stop after num_requests, and
+    # pause while max_waiting requests wait (a bounded queue, as behind a
+    # server's admission control, keeps long workloads in constant memory).
     arrivals_per_step: int = 2
+    max_waiting: int = 32
     # Rare administrative calls, per step.
     p_reset: float = 0.01
     p_evict: float = 0.01
@@ -75,7 +79,9 @@ class SchedulerWorkload:
     rng: random.Random = field(init=False)
     waiting: list[_Req] = field(default_factory=list)
     running: list[_Req] = field(default_factory=list)
-    finished_conversations: list[list[int]] = field(default_factory=list)
+    # The most recent finished conversations, for multi-turn continuations;
+    # bounded so that arbitrarily long workloads run in constant memory.
+    finished_conversations: deque = field(default_factory=lambda: deque(maxlen=64))
     system_prompts: list[list[int]] = field(default_factory=list)
     num_added: int = 0
 
@@ -108,7 +114,7 @@ class SchedulerWorkload:
         while self.num_added < s.num_requests or self.waiting or self.running:
             # Arrivals.
             for _ in range(self.rng.randint(0, s.arrivals_per_step)):
-                if self.num_added >= s.num_requests:
+                if self.num_added >= s.num_requests or len(self.waiting) >= s.max_waiting:
                     break
                 req = _Req(f"r{self.num_added}", self._new_prompt(),
                            self.rng.randint(*s.max_tokens))

@@ -58,6 +58,17 @@ def kv_event_json(type_name: str, fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def block_state_dict(block_id: int, ref_cnt: int, block_hash: bytes | None, is_null: bool) -> dict:
+    """A block as divergence reports show it; the hash (without its group id
+    suffix) abbreviated to 12 hex digits."""
+    return {
+        "block_id": block_id,
+        "ref_cnt": ref_cnt,
+        "hash": block_hash[:-4].hex()[:12] if block_hash else None,
+        "free": ref_cnt == 0 and not is_null,
+    }
+
+
 class Backend(ABC):
     name: str = ""
     # The backend's RequestStatus values the scheduler sets.
@@ -245,6 +256,19 @@ class Backend(ABC):
 
     @abstractmethod
     def take_events(self) -> list[dict]: ...
+
+    # -- inspection, for divergence reports ------------------------------------------
+    # Both managers keep vLLM's shape (`manager.get_block_ids`,
+    # `manager.block_pool.blocks[i]` with ref_cnt / block_hash / is_null).
+
+    def block_table(self, req: str) -> BlockIds:
+        """The block ids a live request holds, per group ([] per group if none)."""
+        return [list(g) for g in self.manager.get_block_ids(req)]
+
+    def block_state(self, block_id: int) -> dict:
+        """{"block_id", "ref_cnt", "hash" (abbreviated hex or None), "free"}."""
+        b = self.manager.block_pool.blocks[block_id]
+        return block_state_dict(block_id, b.ref_cnt, b.block_hash, b.is_null)
 
     def close(self) -> None:
         """Release what the backend holds (nothing by default)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from harness.backends.base import Backend, BlockIds, kv_event_json
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
@@ -141,5 +139,6 @@ class ImplBackend(Backend):
 
     def take_events(self) -> list[dict]:
         return [
-            kv_event_json(type(e).__name__, asdict(e)) for e in self.manager.take_events()
+            kv_event_json(type(e).__name__, {f: getattr(e, f) for f in e.__slots__})
+            for e in self.manager.take_events()
         ]

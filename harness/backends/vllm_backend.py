@@ -11,7 +11,12 @@ import logging
 import os
 from contextlib import contextmanager
 
-from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
+from harness.backends.base import (
+    Backend,
+    BackendError,
+    BlockIds,
+    kv_event_json,
+)
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
 from impl.profiles import StatsRecordedAt, UnsupportedVersion, VersionProfile, get_profile

@@ -30,6 +30,16 @@ def test_a_wrong_free_order_in_impl_is_caught(monkeypatch):
 
 
 def test_table_lists_every_case():
-    table = format_table([CaseResult("a", 10, 0.1, None), CaseResult("bb", 5, 0.2, "x")])
+    table = format_table([CaseResult("a", "diff", 10, 0.1, None),
+                          CaseResult("bb", "lockstep", 5, 0.2, "x", 1)])
     assert "a " in table and "conformant" in table and "DIVERGED" in table
-    assert "2 cases, 15 events compared live, 1 diverged" in table
+    assert "2 cases, 15 events checked, 1 failed" in table
+
+
+def test_bundled_traces_conform():
+    from harness.conform import TRACES_DIR, run_trace
+    from harness.trace import find_traces
+
+    for path in find_traces([str(TRACES_DIR)]):
+        result = run_trace(path)
+        assert result.problem is None, result.problem

@@ -1,56 +1,58 @@
-"""KVCacheManager scenarios, each run on impl and live on vLLM with the same
-hand-derived expected answers (see harness/scenarios.py for the derivations)."""
+"""KVCacheManager scenarios: the hand-written traces under traces/scenarios/, each
+run on impl and live on vLLM. Every answer must satisfy the trace's hand-derived
+`expect` fields (derivations in each event's `note`) and equal the answer
+recorded from vLLM."""
+
+from pathlib import Path
 
 import pytest
 
-from harness.scenarios import SCENARIOS, check_expected, documented_example
+from harness.diff import check_expected
+from harness.trace import open_trace
+from impl.profiles import get_profile
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"
+TRACES_032 = sorted(p.name for p in SCENARIOS.glob("*.yaml") if "v0.17" not in p.name)
 
 
-def run_and_check(backend, scenario):
-    answers = []
-    for i, (event, expected) in enumerate(scenario.steps):
-        answer = backend.run(event)
-        err = check_expected(answer, expected)
-        assert err is None, f"step #{i} {event!r}: {err}"
-        answers.append(answer)
-    return answers
+def run_and_check(backend, trace) -> int:
+    n = 0
+    for rec in trace.records:
+        answer = backend.run(rec.event)
+        err = check_expected(answer, rec.expect)
+        assert err is None, f"{trace.path}:{rec.line}: {err}"
+        assert rec.answer is None or answer == rec.answer, f"{trace.path}:{rec.line}"
+        n += 1
+    return n
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_scenario_has_expectations_and_answers():
+    assert len(TRACES_032) >= 12
+    for name in TRACES_032 + ["documented-example-v0.17.yaml"]:
+        records = list(open_trace(str(SCENARIOS / name)).records)
+        assert any(r.expect for r in records), name
+        assert all(r.answer is not None for r in records), f"{name}: not recorded"
+
+
+@pytest.mark.parametrize("name", TRACES_032)
 def test_scenario(make_backend, name):
-    scenario = SCENARIOS[name]()
-    run_and_check(make_backend(scenario.config, scenario.profile), scenario)
-
-
-@pytest.mark.vllm
-def test_scenarios_give_identical_full_answers_on_both_backends():
-    """Beyond the checked fields, every answer (events, hashes, stats) agrees."""
-    from harness.backends.impl_backend import ImplBackend
-    from harness.backends.vllm_backend import VllmBackend
-    from impl.profiles import get_profile
-
-    for name, make in SCENARIOS.items():
-        scenario = make()
-        ours = ImplBackend(scenario.config, get_profile(scenario.profile))
-        theirs = VllmBackend(scenario.config, get_profile(scenario.profile))
-        for i, event in enumerate(scenario.events):
-            assert ours.run(event) == theirs.run(event), f"{name} step #{i} {event!r}"
+    trace = open_trace(str(SCENARIOS / name))
+    assert run_and_check(make_backend(trace.header.cache, trace.profile.name), trace) > 0
 
 
 def test_documented_example_0_17_matches_the_documentation():
     """With the 0.17 profile the free queue evolves exactly as the pictures in
     vLLM's prefix-caching design document show (their block n is our n+1)."""
     from harness.backends.impl_backend import ImplBackend
-    from impl.profiles import get_profile
 
-    scenario = documented_example("0.17")
-    run_and_check(ImplBackend(scenario.config, get_profile("0.17"), check=True), scenario)
+    trace = open_trace(str(SCENARIOS / "documented-example-v0.17.yaml"))
+    assert trace.profile is get_profile("0.17")
+    run_and_check(ImplBackend(trace.header.cache, trace.profile, check=True), trace)
 
 
 @pytest.mark.vllm017
 def test_documented_example_0_17_live():
     from harness.backends.vllm_backend import VllmBackend
-    from impl.profiles import get_profile
 
-    scenario = documented_example("0.17")
-    run_and_check(VllmBackend(scenario.config, get_profile("0.17")), scenario)
+    trace = open_trace(str(SCENARIOS / "documented-example-v0.17.yaml"))
+    run_and_check(VllmBackend(trace.header.cache, trace.profile), trace)

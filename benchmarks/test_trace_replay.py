@@ -1,0 +1,91 @@
+"""Trace throughput and streaming memory.
+
+- replay events/s (impl) and diff events/s (impl + vLLM side by side, recorded
+  answers checked) on a 100k-event workload trace;
+- peak RSS of replaying 100k and 1M events, each in a fresh process: streaming
+  replay must stay flat as the trace grows.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.backends.impl_backend import ImplBackend
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.replay import check_trace
+from harness.trace import TraceWriter
+from harness.trace.codec import TraceHeader
+from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from impl.profiles import get_profile
+
+P = get_profile("0.32")
+CONFIG = CacheConfig(num_blocks=64, groups=(GroupConfig(16),))
+CACHE = Path(__file__).resolve().parents[1] / ".bench" / "traces"
+
+
+def workload_trace(num_events: int) -> str:
+    """A recorded scheduler-workload trace of about num_events events (cached)."""
+    path = CACHE / f"workload-{num_events}.jsonl"
+    if path.exists():
+        return str(path)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # ~85 events per request with this spec.
+    spec = WorkloadSpec(seed=7, block_size=16, num_requests=num_events // 85 + 1)
+    backend = ImplBackend(CONFIG, P)
+    header = TraceHeader("0.32.0", "scheduler", CONFIG, "benchmark workload")
+    with TraceWriter(str(path), header) as w:
+        for event, answer in drive(SchedulerWorkload(spec, P, CONFIG.num_blocks).events(),
+                                   backend.run):
+            w.write(event, answer)
+    return str(path)
+
+
+def _events_in(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f) - 1
+
+
+@pytest.mark.benchmark(group="trace-events")
+@pytest.mark.parametrize("mode", ["replay", "diff"])
+def test_trace_events_per_second(benchmark, mode):
+    path = workload_trace(100_000)
+    backends = ["impl"] if mode == "replay" else ["vllm", "impl"]
+    outcome = benchmark.pedantic(check_trace, args=(path, backends), rounds=3, iterations=1)
+    assert outcome.exit_code == 0
+    benchmark.extra_info["events"] = outcome.num_events
+    benchmark.extra_info["events_per_s"] = outcome.num_events / outcome.run_seconds
+
+
+# VmHWM is the peak RSS of this address space; unlike ru_maxrss it does not
+# carry over the parent's peak across fork + exec.
+_CHILD = """
+import json, sys
+from harness.replay import check_trace
+o = check_trace(sys.argv[1], ["impl"])
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(json.dumps({"exit": o.exit_code, "events": o.num_events, "seconds": o.run_seconds,
+                  "peak_rss_kb": hwm}))
+"""
+
+
+@pytest.mark.benchmark(group="trace-memory")
+def test_streaming_replay_peak_rss(benchmark):
+    rows = {}
+    for n in (100_000, 1_000_000):
+        path = workload_trace(n)
+        out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
+                             text=True, check=True, env={**os.environ})
+        rows[n] = json.loads(out.stdout)
+        assert rows[n]["exit"] == 0 and rows[n]["events"] == _events_in(path)
+    small, large = rows[100_000]["peak_rss_kb"], rows[1_000_000]["peak_rss_kb"]
+    benchmark.extra_info.update({f"peak_rss_mb_{n // 1000}k": r["peak_rss_kb"] / 1024
+                                 for n, r in rows.items()})
+    benchmark.extra_info.update({f"events_{n // 1000}k": r["events"] for n, r in rows.items()})
+    benchmark.extra_info["rss_growth_ratio"] = large / small
+    benchmark.pedantic(lambda: None, rounds=1)
+    # Ten times the events may not cost anything like ten times the memory.
+    assert large < small * 1.25, rows

@@ -1,0 +1,87 @@
+"""Reports of trace runs: a terminal text form and a JSON form for machines.
+
+Pure formatting of TraceOutcomes; nothing here runs a backend.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.replay import TraceOutcome
+from harness.trace.codec import event_to_dict
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _block_row(state: dict) -> str:
+    h = state["hash"] or "-"
+    flag = " free" if state["free"] else ""
+    return f"#{state['block_id']} ref={state['ref_cnt']} hash={h}{flag}"
+
+
+def format_divergence(o: TraceOutcome) -> str:
+    d = o.divergence
+    lines = [
+        f"{o.path}:{d.line}: diverged at event #{d.index} ({d.event.kind}), "
+        f"field {d.field or '(whole answer)'}",
+        f"  event: {_short(event_to_dict(d.event), 300)}",
+    ]
+    for name, answer in d.answers.items():
+        lines.append(f"  {name:>9}: {_short(answer, 300)}")
+    if d.record is not None and d.record.note:
+        lines.append(f"  note: {d.record.note}")
+    c = o.context
+    if c is not None and c.involved_blocks:
+        lines.append(f"  blocks involved: {c.involved_blocks}")
+        for name in c.after:
+            before = {s["block_id"]: s for s in c.before.get(name, [])}
+            lines.append(f"  {name} before -> after:")
+            for state in c.after[name]:
+                b = before.get(state["block_id"])
+                left = _block_row(b) if b else "?"
+                lines.append(f"    {left:<44} -> {_block_row(state)}")
+    if c is not None and c.related:
+        lines.append("  earlier events on the same request or blocks:")
+        for r in c.related:
+            lines.append(f"    {o.path}:{r['line']}: {_short(r['event'], 100)} -> "
+                         f"{_short(r['answer'], 100)}")
+    return "\n".join(lines)
+
+
+def format_outcome_line(o: TraceOutcome) -> str:
+    if o.error is not None:
+        return f"{o.path}: bad input"
+    if o.skipped:
+        return f"{o.path}: skipped ({o.skipped})"
+    verdict = "DIVERGED" if o.divergence else "conformant"
+    extra = f", recorded to {o.recorded}" if o.recorded else ""
+    rate = f", {o.num_events / o.run_seconds:,.0f} events/s" if o.run_seconds > 0.1 else ""
+    return f"{o.path}: {verdict}, {o.num_events} events, {o.seconds:.2f}s{rate}{extra}"
+
+
+def outcome_json(o: TraceOutcome) -> dict:
+    out: dict[str, Any] = {"path": o.path, "exit_code": o.exit_code, "events": o.num_events,
+                           "seconds": round(o.seconds, 4), "run_seconds": round(o.run_seconds, 4)}
+    if o.skipped:
+        out["skipped"] = o.skipped
+    if o.recorded:
+        out["recorded"] = o.recorded
+    if o.error is not None:
+        e = o.error
+        out["error"] = {"line": e.line, "field": e.field, "message": e.message}
+    d = o.divergence
+    if d is not None:
+        out["divergence"] = {
+            "line": d.line, "index": d.index, "field": d.field,
+            "event": event_to_dict(d.event), "answers": d.answers,
+            "note": d.record.note if d.record is not None else None,
+        }
+        if o.context is not None:
+            c = o.context
+            out["divergence"].update(blocks=c.involved_blocks, before=c.before, after=c.after,
+                                     related=c.related)
+    return out

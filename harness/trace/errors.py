@@ -1,0 +1,24 @@
+"""Errors about a trace's content: one line naming file:line and the field."""
+
+from __future__ import annotations
+
+EXIT_BAD_INPUT = 2
+EXIT_ENVIRONMENT = 3
+
+
+class TraceError(Exception):
+    """Bad input: `path:line: field: message`, exit code 2 (3 for a version with
+    no profile, which is the environment's problem rather than the trace's)."""
+
+    def __init__(
+        self, path: str, line: int, field: str, message: str, exit_code: int = EXIT_BAD_INPUT
+    ) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.message = message
+        self.exit_code = exit_code
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.field}: {self.message}"
