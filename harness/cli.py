@@ -38,7 +38,8 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
     outcomes = []
     progress = not args.json
     for path in paths:
-        o = check_trace(path, backends, progress=progress, explicit=path in explicit)
+        o = check_trace(path, backends, progress=progress, explicit=path in explicit,
+                        check_invariants=args.check_invariants)
         outcomes.append(o)
         if o.error is not None:
             print(str(o.error), file=sys.stderr)
@@ -74,6 +75,53 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return o.exit_code
 
 
+def _cmd_fuzz(args: argparse.Namespace) -> int:
+    from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
+    from harness.fuzz.campaign import fuzz, progress_reporter
+    from harness.fuzz.faults import FAULTS
+    from harness.fuzz.generate import FuzzConfig
+
+    if args.seconds <= 0 or args.max_ops < 1:
+        print("kvconform: --seconds and --max-ops must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    if args.inject_fault is not None and args.inject_fault not in FAULTS:
+        print(f"kvconform: unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    fuzz_config = FuzzConfig()
+    if args.config is not None:
+        try:
+            import yaml
+
+            with open(args.config) as f:
+                fuzz_config = FuzzConfig.from_dict(yaml.safe_load(f) or {})
+        except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
+            print(f"kvconform: {args.config}: {e}".replace("\n", " "), file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        profile = installed_vllm_profile()
+    except EnvironmentProblem as e:
+        print(f"kvconform: {e}", file=sys.stderr)
+        return EXIT_ENV
+    result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops, fuzz_config,
+                  args.inject_fault, progress_reporter())
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print(f"fuzz seed {args.seed}: {result.cases} cases, {result.ops} differential ops "
+          f"in {result.seconds:.1f}s ({result.ops_per_s:,.0f} ops/s), "
+          f"{len(result.states)} distinct states")
+    f = result.finding
+    if f is None:
+        print("no divergence")
+        return EXIT_OK
+    print(f"DIVERGENCE in case {f.case}, shrunk from {f.num_calls_before} to {f.num_calls} "
+          f"calls, written to {f.path}")
+    print(f.divergence.describe())
+    flag = "--check-invariants " if "invariant violated" in str(f.divergence.answers) else ""
+    print(f"replay it: kvconform replay {flag}{f.path}   (or: kvconform diff {flag}{f.path})")
+    return EXIT_DIVERGED
+
+
 def _cmd_conform(args: argparse.Namespace) -> int:
     from harness import conform
 
@@ -89,12 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
     p.add_argument("--backend", choices=["impl", "vllm"], default="impl")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.add_argument("--check-invariants", action="store_true",
+                   help="run impl's invariant checker after every event (slower)")
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("diff", help="run traces through impl and the installed vLLM "
                        "side by side, comparing every answer (and the recorded ones)")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.add_argument("--check-invariants", action="store_true",
+                   help="run impl's invariant checker after every event (slower)")
     p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("record", help="fill a trace with the installed vLLM's answers")
@@ -102,6 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="OUT",
                    help="where to write it (.jsonl or .yaml; may be IN itself)")
     p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser("fuzz", help="differential fuzzing, impl vs the installed vLLM")
+    p.add_argument("--seconds", type=float, default=60.0, help="time budget (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="fuzz-findings", metavar="DIR",
+                   help="where shrunk failing traces are written (default fuzz-findings)")
+    p.add_argument("--max-ops", type=int, default=40, help="actions per case at most")
+    p.add_argument("--config", metavar="FILE", help="YAML: what cases are drawn from "
+                   "(block sizes, pool sizes, hash algorithms, ...; see specs/FUZZING.md)")
+    p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_fuzz)
 
     p = sub.add_parser("conform", help="the bundled traces and seeded workloads, "
                        "impl vs the installed vLLM, as a table")

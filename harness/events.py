@@ -104,7 +104,8 @@ class AppendTokens(Event):
 
 @dataclass(slots=True)
 class CacheBlocks(Event):
-    """cache_blocks, e.g. once a delayed KV load finished. Answer: {}."""
+    """cache_blocks, e.g. once a delayed KV load finished (a request waiting for
+    that load is then waiting to be scheduled again). Answer: {}."""
 
     kind: ClassVar[str] = "cache_blocks"
     req: str

@@ -29,6 +29,7 @@ from harness.events import Event, EvictBlocks
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
 from harness.trace.errors import EXIT_ENVIRONMENT
+from impl.invariants import InvariantViolation
 from impl.profiles import VersionProfile
 
 EXIT_OK, EXIT_DIVERGED = 0, 1
@@ -66,14 +67,14 @@ class TraceOutcome:
         return EXIT_DIVERGED if self.divergence is not None else EXIT_OK
 
 
-BackendFactory = Callable[[TraceHeader, VersionProfile], Backend]
+BackendFactory = Callable[[TraceHeader, VersionProfile, bool], Backend]
 
 
-def make_impl(header: TraceHeader, profile: VersionProfile) -> Backend:
-    return ImplBackend(header.cache, profile)
+def make_impl(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
+    return ImplBackend(header.cache, profile, check=check)
 
 
-def make_vllm(header: TraceHeader, profile: VersionProfile) -> Backend:
+def make_vllm(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
     from harness.backends.vllm_backend import VllmBackend
 
     return VllmBackend(header.cache, profile)
@@ -121,7 +122,7 @@ def _context(
     blocks = _involved_blocks(record, answers, after_backends)
     after = {b.name: [b.block_state(i) for i in blocks] for b in after_backends}
     trace = open_trace(path)
-    backends = [BACKENDS[n](trace.header, trace.profile) for n in names]
+    backends = [BACKENDS[n](trace.header, trace.profile, False) for n in names]
     req = getattr(record.event, "req", None)
     wanted = set(blocks)
     related: deque = deque(maxlen=RELATED_EVENTS)
@@ -144,12 +145,15 @@ def check_trace(
     progress: bool = False,
     writer_path: str | None = None,
     explicit: bool = True,
+    check_invariants: bool = False,
 ) -> TraceOutcome:
     """Run one trace through the named backends (in lockstep) and check it.
 
     With `writer_path`, the first backend's answers are written to a copy of the
     trace there (record). `explicit` is False for traces found in a folder: a
-    trace for another vLLM version is then skipped rather than an error.
+    trace for another vLLM version is then skipped rather than an error. With
+    `check_invariants`, impl's invariant checker runs after every event and a
+    violation counts as a divergence.
     """
     outcome = TraceOutcome(path)
     t0 = time.perf_counter()
@@ -164,7 +168,8 @@ def check_trace(
                     outcome.skipped = (f"recorded for vLLM {trace.header.vllm_version}; "
                                        f"the installed vLLM has profile {installed.name}")
                     return outcome
-            backends = [BACKENDS[n](trace.header, trace.profile) for n in backend_names]
+            backends = [BACKENDS[n](trace.header, trace.profile, check_invariants)
+                        for n in backend_names]
         except EnvironmentProblem as e:
             raise TraceError(path, 1, "vllm_version", str(e), EXIT_ENVIRONMENT) from None
         if writer_path is not None:
@@ -219,6 +224,10 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
         try:
             answer = reference.run(event)
             theirs = [(b.name, b.run(event)) for b in others]
+        except InvariantViolation as e:
+            outcome.divergence = _divergence(path, n, record, {
+                RECORDED: record.answer, "impl": f"invariant violated: {e}"})
+            return n
         except BackendError as e:
             raise TraceError(path, record.line, "op", str(e)) from None
         except ValueError as e:  # the manager refuses the call itself

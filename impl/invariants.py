@@ -6,8 +6,6 @@ block id would show up; the fuzzer runs them after every call.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from impl.kv_cache_manager import KVCacheManager
 
 
@@ -17,71 +15,87 @@ class InvariantViolation(AssertionError):
 
 def check_invariants(manager: KVCacheManager) -> None:
     """Raise InvariantViolation naming the first broken invariant (stateless
-    checks only; InvariantChecker adds the ones that need history)."""
+    checks only; InvariantChecker adds the ones that need history).
+
+    Written to be cheap enough to run after every operation of a fuzz run: one
+    walk of the free queue, one of the held blocks and a few passes over the
+    pool in comprehensions; messages are built only on failure.
+    """
     pool = manager.block_pool
     queue = pool.free_block_queue
+    blocks = pool.blocks
 
     # The free queue is a well-formed list: links agree both ways, its length is
     # num_free_blocks, and no block appears twice.
     in_queue: set[int] = set()
-    prev = queue.head
-    block = queue.head.next_free_block
-    while block is not queue.tail:
+    add = in_queue.add
+    prev, block, tail = queue.head, queue.head.next_free_block, queue.tail
+    n = 0
+    while block is not tail:
         if block is None:
             raise InvariantViolation("free queue is broken: a link is None")
         if block.prev_free_block is not prev:
             raise InvariantViolation(f"free queue back-link of block {block.block_id} is wrong")
-        if block.block_id in in_queue:
-            raise InvariantViolation(f"block {block.block_id} is in the free queue twice")
-        in_queue.add(block.block_id)
+        add(block.block_id)
+        n += 1
+        if n > len(blocks):
+            raise InvariantViolation("free queue has a cycle")
         prev, block = block, block.next_free_block
-    if queue.tail.prev_free_block is not prev:
+    if tail.prev_free_block is not prev:
         raise InvariantViolation("free queue tail back-link is wrong")
-    if len(in_queue) != queue.num_free_blocks:
-        raise InvariantViolation(
-            f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}"
-        )
+    if len(in_queue) != n:
+        raise InvariantViolation("a block is in the free queue twice")
+    if n != queue.num_free_blocks:
+        raise InvariantViolation(f"num_free_blocks={queue.num_free_blocks} but the queue "
+                                 f"holds {n}")
+
+    null = pool.null_block
+    if null.block_id in in_queue:
+        raise InvariantViolation("the null block is in the free queue")
+    if null.block_hash is not None:
+        raise InvariantViolation("the null block is cached")
+
+    # A block is in the free queue iff nobody references it.
+    for block_id in in_queue:
+        if blocks[block_id].ref_cnt != 0:
+            b = blocks[block_id]
+            raise InvariantViolation(f"block {block_id} ref_cnt={b.ref_cnt} but in the free queue")
+    refs = [b.ref_cnt for b in blocks]
+    refs[null.block_id] = 0  # the null block's count is not maintained
+    if min(refs) < 0:
+        i = min(range(len(refs)), key=refs.__getitem__)
+        raise InvariantViolation(f"block {i} has ref_cnt {refs[i]} < 0")
+    if refs.count(0) - 1 != n:
+        i = next(i for i, r in enumerate(refs) if r == 0 and i != null.block_id
+                 and i not in in_queue)
+        raise InvariantViolation(f"block {i} ref_cnt=0 but not in the free queue")
 
     # Every reference is a request holding the block (prefix sharing included).
-    held: Counter[int] = Counter()
+    held: dict[int, int] = {}
     for holders in _holders(manager).values():
         for block_id in holders:
-            held[block_id] += 1
-
-    for b in pool.blocks:
-        if b.ref_cnt < 0:
-            raise InvariantViolation(f"block {b.block_id} has ref_cnt {b.ref_cnt} < 0")
-        if b.is_null:
-            if b.block_id in in_queue:
-                raise InvariantViolation("the null block is in the free queue")
-            if b.block_hash is not None:
-                raise InvariantViolation("the null block is cached")
-            continue
-        free = b.ref_cnt == 0
-        if free != (b.block_id in in_queue):
-            raise InvariantViolation(
-                f"block {b.block_id} ref_cnt={b.ref_cnt} but "
-                f"{'in' if b.block_id in in_queue else 'not in'} the free queue"
-            )
-        if b.ref_cnt != held[b.block_id]:
-            raise InvariantViolation(
-                f"block {b.block_id} has ref_cnt {b.ref_cnt} but {held[b.block_id]} "
-                "request(s) hold it"
-            )
+            held[block_id] = held.get(block_id, 0) + 1
+    for block_id, count in held.items():
+        if refs[block_id] != count:
+            raise InvariantViolation(f"block {block_id} has ref_cnt {refs[block_id]} but "
+                                     f"{count} request(s) hold it")
+    if len(refs) - refs.count(0) != len(held):
+        i = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
+        raise InvariantViolation(f"block {i} has ref_cnt {refs[i]} but 0 request(s) hold it")
 
     # The hash map points only at blocks carrying that very hash, and every
     # block with a hash is in the map.
-    mapped: set[int] = set()
+    mapped = 0
     for key, b in pool.cached_block_hash_to_block.items():
         if b.block_hash != key:
             raise InvariantViolation(
                 f"hash map entry {key.hex()[:12]} points at block {b.block_id} whose "
                 f"hash is {b.block_hash.hex()[:12] if b.block_hash else None}"
             )
-        mapped.add(b.block_id)
-    for b in pool.blocks:
-        if b.block_hash is not None and b.block_id not in mapped:
-            raise InvariantViolation(f"block {b.block_id} has a hash but is not in the map")
+        mapped += 1
+    num_hashed = sum(b.block_hash is not None for b in blocks)
+    if num_hashed != mapped:
+        raise InvariantViolation(f"{num_hashed} blocks have a hash but the map holds {mapped}")
     if not manager.enable_caching and mapped:
         raise InvariantViolation("blocks are cached while caching is disabled")
 

@@ -72,6 +72,7 @@ def block_state_dict(block_id: int, ref_cnt: int, block_hash: bytes | None, is_n
 class Backend(ABC):
     name: str = ""
     # The backend's RequestStatus values the scheduler sets.
+    status_waiting: Any = None
     status_running: Any = None
     status_waiting_remote: Any = None
     status_preempted: Any = None
@@ -119,6 +120,11 @@ class Backend(ABC):
 
     def _on_cache_blocks(self, ev: CacheBlocks) -> dict:
         self.cache_blocks(ev.req, ev.num_computed_tokens)
+        request = self.requests[ev.req]
+        if request.status == self.status_waiting_remote:
+            # The scheduler caches a request's blocks when its KV load finishes,
+            # and puts it back to waiting.
+            request.status = self.status_waiting
         return {}
 
     def _on_record_stats(self, ev: RecordStats) -> dict:

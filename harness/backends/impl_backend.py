@@ -27,6 +27,7 @@ def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
 
 class ImplBackend(Backend):
     name = "impl"
+    status_waiting = RequestStatus.WAITING
     status_running = RequestStatus.RUNNING
     status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
     status_preempted = RequestStatus.PREEMPTED

@@ -73,7 +73,9 @@ class VllmBackend(Backend):
         super().__init__(config, installed)
         # vLLM logs a warning per refused reset and per unseeded hash; the
         # harness reports those outcomes itself.
-        logging.getLogger("vllm").setLevel(logging.ERROR)
+        vllm_logger = logging.getLogger("vllm")
+        if vllm_logger.level < logging.ERROR:
+            vllm_logger.setLevel(logging.ERROR)
 
         import torch
         from vllm.sampling_params import SamplingParams
@@ -88,6 +90,7 @@ class VllmBackend(Backend):
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
+        self.status_waiting = RequestStatus.WAITING
         self.status_running = RequestStatus.RUNNING
         self.status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.status_preempted = RequestStatus.PREEMPTED

@@ -69,3 +69,27 @@ def test_no_traceback_from_the_console_script(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"{binary}:1: (line): not UTF-8 text (byte 0xff at column 4)"
+
+
+def test_fuzz_finding_exit_1_names_the_file(tmp_path, capsys):
+    code = main(["fuzz", "--seconds", "20", "--seed", "2", "--out", str(tmp_path),
+                 "--inject-fault", "longest-hit-off-by-one"])
+    out = capsys.readouterr().out
+    assert code == 1
+    (written,) = list(tmp_path.iterdir())
+    assert f"written to {written}" in out and f"kvconform replay {written}" in out
+
+
+def test_fuzz_usage_errors(tmp_path, capsys):
+    assert main(["fuzz", "--seconds", "0"]) == 2
+    assert main(["fuzz", "--inject-fault", "nope"]) == 2
+    bad = tmp_path / "fuzz.yaml"
+    bad.write_text("blok_sizes: [4]\n")
+    assert main(["fuzz", "--config", str(bad), "--seconds", "1"]) == 2
+    assert "unknown fuzz config key" in capsys.readouterr().err
+
+
+def test_fuzz_without_vllm_is_exit_3(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert main(["fuzz", "--seconds", "1"]) == 3
+    assert "vLLM is not installed" in capsys.readouterr().err

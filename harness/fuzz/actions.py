@@ -1,0 +1,92 @@
+"""Fuzz actions: what a scheduler may decide to do next, at the level a shrinker
+can cut. The driver turns each into zero or more valid KV-manager calls; an
+action that makes no sense in the current state (schedule a freed request,
+sample a token for a request mid-prefill) is skipped. Any sub-list of a valid
+program is therefore valid too, which is what makes shrinking simple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class New:
+    """A request arrives."""
+
+    req: int
+    prompt: tuple[int, ...]
+    cache_salt: str | None = None
+    lora: int | None = None  # adapter number, 1-based
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Schedule up to `num_new_tokens` of the request's unscheduled tokens.
+
+    A waiting request is looked up first (and may adopt `external` connector
+    tokens, or load them asynchronously with delayed caching); a running one
+    gets its next chunk or decode step.
+    """
+
+    req: int
+    num_new_tokens: int
+    lookahead: int = 0
+    external: int = 0
+    delay_cache: bool = False
+    full_sequence_must_fit: bool = False
+    reserved_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The model returns tokens for a request whose scheduled tokens are all
+    computed (more than one: accepted speculative tokens)."""
+
+    req: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishLoad:
+    """An asynchronous KV load finished: its blocks are cached now."""
+
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The request finished or was aborted: its blocks are freed."""
+
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """The scheduler preempts a running request (free and requeue)."""
+
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepBoundary:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Observe:
+    """A checkpoint: free-queue order, free count, usage, stats, KV events."""
+
+
+Action = (New | Schedule | Sample | FinishLoad | Finish | Preempt | Reset | Evict
+          | StepBoundary | Observe)

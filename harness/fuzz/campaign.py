@@ -1,0 +1,143 @@
+"""A fuzzing campaign: draw cases until the time budget is spent or a divergence
+is found; shrink the finding and write it as a trace before reporting it.
+
+Case n of seed s always draws the same program, so the same seed and config
+give the same calls, the same finding and a byte-identical trace file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from harness.backends.impl_backend import ImplBackend
+from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+from harness.cache_config import CacheConfig
+from harness.diff import Divergence
+from harness.fuzz.actions import Action
+from harness.fuzz.driver import Driver, FuzzRun
+from harness.fuzz.faults import inject
+from harness.fuzz.generate import FuzzConfig, draw_case
+from harness.fuzz.shrink import shrink
+from harness.trace import TraceWriter
+from harness.trace.codec import TraceHeader
+from impl.profiles import VersionProfile
+
+
+@dataclass(slots=True)
+class Finding:
+    case: int
+    path: str
+    num_calls: int  # calls in the shrunk trace
+    num_calls_before: int
+    divergence: Divergence
+
+
+@dataclass(slots=True)
+class CampaignResult:
+    seed: int
+    cases: int = 0
+    ops: int = 0
+    seconds: float = 0.0
+    states: set = field(default_factory=set)
+    finding: Finding | None = None
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+
+def run_case(config: CacheConfig, actions: list[Action], profile: VersionProfile) -> FuzzRun:
+    backends = [VllmBackend(config, profile), ImplBackend(config, profile, check=True)]
+    return Driver(config, profile, backends).execute(actions)
+
+
+def _signature(run: FuzzRun) -> tuple:
+    """What a shrunk case must keep to count as the same failure."""
+    d = run.divergence
+    impl_answer = d.answers.get("impl")
+    kind = "invariant" if isinstance(impl_answer, str) and "invariant" in impl_answer else "diff"
+    return d.event.kind, kind
+
+
+def case_rng(seed: int, case: int) -> random.Random:
+    return random.Random(f"kvconform-fuzz:{seed}:{case}")
+
+
+def fuzz(
+    profile: VersionProfile,
+    seconds: float,
+    seed: int,
+    out_dir: str,
+    max_ops: int = 40,
+    fuzz_config: FuzzConfig | None = None,
+    fault: str | None = None,
+    report: Callable[[CampaignResult], None] | None = None,
+) -> CampaignResult:
+    fc = fuzz_config or FuzzConfig()
+    result = CampaignResult(seed)
+    t0 = time.perf_counter()
+    with inject(fault):
+        while time.perf_counter() - t0 < seconds:
+            config, actions = draw_case(case_rng(seed, result.cases), fc, max_ops)
+            run = run_case(config, actions, profile)
+            result.cases += 1
+            result.ops += len(run.events)
+            result.states |= run.signatures
+            result.seconds = time.perf_counter() - t0
+            if report is not None:
+                report(result)
+            if run.diverged:
+                result.finding = _write_finding(profile, config, actions, run, seed,
+                                                result.cases - 1, out_dir, fault)
+                break
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _write_finding(profile: VersionProfile, config: CacheConfig, actions: list[Action],
+                   run: FuzzRun, seed: int, case: int, out_dir: str,
+                   fault: str | None) -> Finding:
+    want = _signature(run)
+
+    def still_fails(c: CacheConfig, a: list[Action]) -> bool:
+        r = run_case(c, a, profile)
+        return r.diverged and _signature(r) == want
+
+    small_config, small_actions = shrink(config, actions, still_fails)
+    small = run_case(small_config, small_actions, profile)
+    d = small.divergence
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"fuzz-seed{seed}-case{case}.jsonl")
+    description = (f"kvconform fuzz --seed {seed}: case {case}"
+                   + (f" (injected fault {fault})" if fault else "")
+                   + f", shrunk from {len(run.events)} to {len(small.events)} calls; "
+                   f"diverges at call {d.index + 1} ({d.event.kind}, field {d.field or '-'})")
+    header = TraceHeader(installed_vllm_version(), "fuzz", small_config, description)
+    # Written with vLLM's answers: replaying it on impl shows the divergence.
+    with TraceWriter(path, header) as w:
+        for event, answer in small.events:
+            w.write(event, answer)
+    return Finding(case, path, len(small.events), len(run.events), d)
+
+
+def progress_reporter(stream=sys.stderr, every: float = 5.0) -> Callable[[CampaignResult], None]:
+    """A live status line on a terminal; a plain line every few seconds otherwise."""
+    tty = stream.isatty()
+    last = [0.0]
+
+    def report(r: CampaignResult) -> None:
+        now = time.perf_counter()
+        if now - last[0] < (0.2 if tty else every):
+            return
+        last[0] = now
+        line = (f"fuzz: {r.ops} ops, {r.ops_per_s:,.0f} ops/s, {r.cases} cases, "
+                f"{len(r.states)} distinct states, {1 if r.finding else 0} findings")
+        stream.write(("\r" + line + "\x1b[K") if tty else line + "\n")
+        stream.flush()
+
+    return report

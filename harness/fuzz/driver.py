@@ -1,0 +1,234 @@
+"""Turning fuzz actions into valid KV-manager calls, run in lockstep.
+
+"Valid" means a call sequence vLLM's scheduler could produce (specs/FUZZING.md):
+- a request is looked up only while waiting with nothing computed, and the
+  lookup's hit is adopted by the allocation that immediately follows it;
+- an allocation asks for at least one new token, never more than the request's
+  unscheduled tokens, or (asynchronous KV load) only external tokens with
+  delayed caching; external tokens leave the last prompt token to compute;
+- tokens are sampled only for a running request whose scheduled tokens are all
+  computed; a request waiting for a KV load is neither scheduled nor sampled
+  until the load finishes, and then is not looked up again;
+- only running requests are preempted; any request may finish (abort);
+- record_prefix_cache_stats follows an admission, where the profile says so;
+- reset and eviction of block ids (< num_blocks) may come at any time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from harness.backends.base import Backend
+from harness.cache_config import CacheConfig
+from harness.diff import Divergence, first_difference
+from harness.events import (
+    AddRequest,
+    Allocate,
+    AppendTokens,
+    CacheBlocks,
+    Checkpoint,
+    Event,
+    EvictBlocks,
+    Free,
+    LoRA,
+    Lookup,
+    RecordStats,
+    ResetPrefixCache,
+    Step,
+)
+from harness.events import Preempt as PreemptEvent
+from harness.fuzz.actions import (
+    Action,
+    Evict,
+    Finish,
+    FinishLoad,
+    New,
+    Observe,
+    Preempt,
+    Reset,
+    Sample,
+    Schedule,
+    StepBoundary,
+)
+from impl.invariants import InvariantViolation
+from impl.profiles import StatsRecordedAt, VersionProfile
+
+
+class _Status(Enum):
+    WAITING = 1
+    RUNNING = 2
+    LOADING = 3  # waiting for an asynchronous KV load
+
+
+@dataclass(slots=True)
+class _Req:
+    num_tokens: int
+    num_computed: int = 0
+    status: _Status = _Status.WAITING
+
+
+@dataclass(slots=True)
+class FuzzRun:
+    events: list[tuple[Event, dict]] = field(default_factory=list)  # reference answers
+    divergence: Divergence | None = None
+    # A state signature per call, for counting distinct states reached.
+    signatures: set = field(default_factory=set)
+
+    @property
+    def diverged(self) -> bool:
+        return self.divergence is not None
+
+
+def _lora(n: int) -> LoRA:
+    return LoRA(f"adapter-{n}", n, f"/loras/{n}")
+
+
+class Driver:
+    """Runs actions on backends[0] (the reference, vLLM) and every other
+    backend, comparing each answer; stops at the first divergence."""
+
+    def __init__(self, config: CacheConfig, profile: VersionProfile, backends: list[Backend]):
+        self.config = config
+        self.backends = backends
+        self.reqs: dict[int, _Req] = {}
+        self.used: set[int] = set()
+        self.run = FuzzRun()
+        self.record_at_admission = profile.stats_recorded_at is StatsRecordedAt.ADMISSION
+        self.admission_controls = profile.has_admission_controls
+
+    def call(self, event: Event) -> dict | None:
+        """Run one event everywhere; None once diverged."""
+        reference, *others = self.backends
+        index = len(self.run.events)
+        try:
+            answer = reference.run(event)
+        except Exception as e:  # vLLM refused a call we consider valid
+            self._diverge(index, event, {reference.name: f"{type(e).__name__}: {e}"})
+            return None
+        self.run.events.append((event, answer))
+        for other in others:
+            try:
+                theirs = other.run(event)
+            except InvariantViolation as e:
+                self._diverge(index, event, {reference.name: answer,
+                                             other.name: f"invariant violated: {e}"})
+                return None
+            except Exception as e:
+                self._diverge(index, event, {reference.name: answer,
+                                             other.name: f"{type(e).__name__}: {e}"})
+                return None
+            if theirs != answer:
+                self._diverge(index, event, {reference.name: answer, other.name: theirs})
+                return None
+        return answer
+
+    def _diverge(self, index: int, event: Event, answers: dict) -> None:
+        values = list(answers.values())
+        where = first_difference(values[0], values[1]) if len(values) == 2 else ""
+        self.run.divergence = Divergence(index, event, answers, where or "")
+
+    def execute(self, actions: list[Action]) -> FuzzRun:
+        for action in actions:
+            self.apply(action)
+            if self.run.diverged:
+                break
+            reqs = self.reqs
+            self.run.signatures.add((
+                type(action).__name__,
+                sum(r.status is _Status.RUNNING for r in reqs.values()),
+                len(reqs),
+                self.backends[0].num_free_blocks(),
+            ))
+        return self.run
+
+    # -- one action ------------------------------------------------------------------
+
+    def apply(self, a: Action) -> None:
+        call = self.call
+        if isinstance(a, New):
+            if a.req in self.used or len(a.prompt) > self.config.max_model_len:
+                return
+            self.used.add(a.req)
+            self.reqs[a.req] = _Req(len(a.prompt))
+            call(AddRequest(f"r{a.req}", list(a.prompt), cache_salt=a.cache_salt,
+                            lora=_lora(a.lora) if a.lora else None))
+        elif isinstance(a, Schedule):
+            self._schedule(a)
+        elif isinstance(a, Sample):
+            r = self.reqs.get(a.req)
+            if r is None or r.status is not _Status.RUNNING or r.num_computed < r.num_tokens:
+                return
+            if call(AppendTokens(f"r{a.req}", list(a.tokens))) is not None:
+                r.num_tokens += len(a.tokens)
+        elif isinstance(a, FinishLoad):
+            r = self.reqs.get(a.req)
+            if r is None or r.status is not _Status.LOADING:
+                return
+            call(CacheBlocks(f"r{a.req}", r.num_computed))
+            r.status = _Status.WAITING
+        elif isinstance(a, Finish):
+            if self.reqs.pop(a.req, None) is not None:
+                call(Free(f"r{a.req}"))
+        elif isinstance(a, Preempt):
+            r = self.reqs.get(a.req)
+            if r is None or r.status is not _Status.RUNNING:
+                return
+            if call(PreemptEvent(f"r{a.req}")) is not None:
+                r.status, r.num_computed = _Status.WAITING, 0
+        elif isinstance(a, Reset):
+            call(ResetPrefixCache())
+        elif isinstance(a, Evict):
+            ids = [b for b in a.block_ids if b < self.config.num_blocks]
+            if ids:
+                call(EvictBlocks(ids))
+        elif isinstance(a, StepBoundary):
+            call(Step())
+        elif isinstance(a, Observe):
+            call(Checkpoint())
+
+    def _schedule(self, a: Schedule) -> None:
+        r = self.reqs.get(a.req)
+        if r is None or r.status is _Status.LOADING or a.num_new_tokens < 1:
+            return
+        req = f"r{a.req}"
+        if r.status is _Status.RUNNING:
+            num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
+            if num_new < 1:
+                return
+            answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead))
+            if answer is not None and "refused" not in answer:
+                r.num_computed += num_new
+            return
+        admission = {}
+        if self.admission_controls:
+            admission = dict(full_sequence_must_fit=a.full_sequence_must_fit,
+                             reserved_blocks=a.reserved_blocks)
+        if r.num_computed > 0:
+            # Loaded by a connector: no lookup; schedule the rest.
+            num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
+            answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
+                                        **admission))
+            if answer is not None and "refused" not in answer:
+                r.num_computed += num_new
+                r.status = _Status.RUNNING
+            return
+        answer = self.call(Lookup(req))
+        if answer is None:
+            return
+        hit = answer["hit_tokens"]
+        remaining = r.num_tokens - hit
+        external = min(a.external, remaining - 1)
+        if a.delay_cache and external > 0:
+            num_new, delay = 0, True
+        else:
+            num_new, delay = min(a.num_new_tokens, remaining - external), False
+        answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
+                                    num_external_computed_tokens=max(external, 0),
+                                    delay_cache_blocks=delay, **admission))
+        if answer is None or "refused" in answer:
+            return
+        r.num_computed = hit + max(external, 0) + num_new
+        r.status = _Status.LOADING if delay else _Status.RUNNING
+        if self.record_at_admission:
+            self.call(RecordStats(req, hit))

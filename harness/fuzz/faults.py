@@ -1,0 +1,75 @@
+"""Known faults to inject into impl, to prove the fuzzer finds real bugs.
+
+Test-only: `kvconform fuzz --inject-fault NAME` (and the tests) patch one impl
+method in this process for the duration of a `with inject(name)` block. impl
+itself carries no fault switches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from impl.block_hash import RequestBlockHasher
+from impl.block_pool import BlockPool
+from impl.kv_cache_manager import KVCacheManager
+from impl.managers.base import SingleTypeKVCacheManager
+
+
+def _free_in_allocation_order(self, request_id):
+    # Fault: frees head first, so a request's prefix is evicted before its tail.
+    blocks = self.pop_blocks_for_free(request_id)
+    if blocks:
+        self.block_pool.free_blocks(blocks)
+
+
+def _touch_without_unlinking(self, blocks):
+    # Fault: a hit on a free cached block leaves it in the free queue.
+    for block in blocks:
+        block.ref_cnt += 1
+
+
+def _lookup_whole_prompt(self, request):
+    # Fault: off by one in the longest-hit rule: the whole prompt may hit.
+    if not self._lookup_enabled(request):
+        return self.empty_kv_cache_blocks, 0
+    blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                         request.num_tokens)
+    if self._record_at_lookup and self.log_stats:
+        self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
+    return self._blocks(blocks), n
+
+
+def _hash_without_parent(self, request):
+    # Fault: every block hashed as if it were the first (no chaining).
+    size, tokens = self.hash_block_size, request.all_token_ids
+    start, new = len(request.block_hashes) * size, []
+    while start + size <= len(tokens):
+        new.append(self.hash_fn((self.none_hash, tuple(tokens[start:start + size]), None)))
+        start += size
+    return new
+
+
+# name -> (class, method, replacement)
+FAULTS: dict[str, tuple[type, str, Callable]] = {
+    "free-wrong-order": (SingleTypeKVCacheManager, "free", _free_in_allocation_order),
+    "touch-keeps-free": (BlockPool, "touch", _touch_without_unlinking),
+    "longest-hit-off-by-one": (KVCacheManager, "get_computed_blocks", _lookup_whole_prompt),
+    "hash-without-parent": (RequestBlockHasher, "__call__", _hash_without_parent),
+}
+
+
+@contextmanager
+def inject(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault '{name}' (known: {', '.join(FAULTS)})")
+    cls, method, replacement = FAULTS[name]
+    original = cls.__dict__[method]
+    setattr(cls, method, replacement)
+    try:
+        yield
+    finally:
+        setattr(cls, method, original)

@@ -1,0 +1,137 @@
+"""The fast seeded generator: a cache config and an action program per case.
+
+Aimed at the corners: prompts cut from a few shared documents over a tiny token
+alphabet (prefix hits, partial-block hits, identical blocks, long hash chains),
+lengths at and around block multiples, growth by one token and by many,
+lookahead, connector tokens (sync and async with delayed caching), finish in
+any order, preemption, reset and eviction mid-run, salts and LoRA, pools from a
+handful of blocks (always nearly full) to thousands.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.fuzz.actions import (
+    Action,
+    Evict,
+    Finish,
+    FinishLoad,
+    New,
+    Observe,
+    Preempt,
+    Reset,
+    Sample,
+    Schedule,
+    StepBoundary,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FuzzConfig:
+    """What cases are drawn from (`kvconform fuzz --config FILE`, YAML)."""
+
+    block_sizes: tuple[int, ...] = (1, 2, 4, 16)
+    # Mostly small pools (always nearly full), sometimes large ones.
+    pool_sizes: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 128, 1024)
+    hash_algos: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+    p_caching: float = 0.85
+    vocab: int = 4
+    documents: int = 3
+    max_prompt_blocks: int = 6
+    p_salt: float = 0.1
+    p_lora: float = 0.1
+    weights: dict = field(default_factory=lambda: {
+        "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
+        "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
+    })
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FuzzConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown fuzz config key(s): {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        if "weights" in kwargs:
+            kwargs["weights"] = {**cls().weights, **d["weights"]}
+        return cls(**kwargs)
+
+
+def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:
+    bs = rng.choice(fc.block_sizes)
+    config = CacheConfig(
+        num_blocks=rng.choice(fc.pool_sizes),
+        groups=(GroupConfig(bs),),
+        hash_algo=rng.choice(fc.hash_algos),
+        hash_seed=str(rng.randrange(1000)),
+        enable_caching=rng.random() < fc.p_caching,
+        max_model_len=1 << 14,
+    )
+    docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
+            for _ in range(fc.documents)]
+    kinds = list(fc.weights)
+    weights = [fc.weights[k] for k in kinds]
+    actions: list[Action] = []
+    created: list[int] = []
+
+    def some_req() -> int:
+        # Mostly recent requests: they are the ones still alive.
+        return created[-1 - min(int(rng.expovariate(0.5)), len(created) - 1)]
+
+    for _ in range(rng.randint(1, max_ops)):
+        kind = rng.choices(kinds, weights)[0] if created else "new"
+        if kind == "new":
+            n_blocks = rng.randint(0, fc.max_prompt_blocks)
+            cut = max(1, n_blocks * bs + rng.choice((0, 0, 0, 1, -1)))
+            prompt = docs[rng.randrange(len(docs))][:cut] + [
+                rng.randrange(fc.vocab) for _ in range(rng.choice((0, 0, 1, bs, 2 * bs)))]
+            created.append(len(created))
+            actions.append(New(
+                created[-1], tuple(prompt or [0]),
+                cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
+                lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
+            ))
+        elif kind == "schedule":
+            ext = rng.choice((0, 0, 0, bs, 2 * bs + 1))
+            req = some_req()
+            actions.append(Schedule(
+                req,
+                rng.choice((1, bs, 3 * bs, 1 << 12, 1 << 12)),
+                lookahead=rng.choice((0, 0, 0, 1, bs + 1)),
+                external=ext,
+                delay_cache=ext > 0 and rng.random() < 0.4,
+                full_sequence_must_fit=rng.random() < 0.1,
+                reserved_blocks=rng.choice((0,) * 9 + (1,)),
+            ))
+            # As a scheduler step would: often the model's tokens come right
+            # back, or the KV load finishes.
+            follow = rng.random()
+            if follow < 0.5:
+                n = rng.choice((1, 1, 1, 2, bs))
+                actions.append(Sample(req, tuple(rng.randrange(fc.vocab) for _ in range(n))))
+            elif follow < 0.6:
+                actions.append(FinishLoad(req))
+        elif kind == "sample":
+            n = rng.choice((1, 1, 1, 2, bs, 3))
+            actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
+        elif kind == "finish":
+            actions.append(Finish(some_req()))
+        elif kind == "preempt":
+            actions.append(Preempt(some_req()))
+        elif kind == "finish_load":
+            actions.append(FinishLoad(some_req()))
+        elif kind == "reset":
+            actions.append(Reset())
+        elif kind == "evict":
+            k = rng.randint(1, 3)
+            actions.append(Evict(tuple(rng.randrange(config.num_blocks) for _ in range(k))))
+        elif kind == "step":
+            actions.append(StepBoundary())
+        else:
+            actions.append(Observe())
+    actions.append(Observe())
+    return config, actions

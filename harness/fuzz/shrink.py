@@ -1,0 +1,104 @@
+"""Shrinking a failing fuzz case to a small one that still fails the same way.
+
+Greedy passes, repeated until none helps: drop whole requests, drop runs of
+actions (halving chunk sizes, as delta debugging does), shorten prompts and
+sampled token lists, simplify scheduling arguments, drop evicted ids, shrink the
+pool and the block size. Every candidate is a valid program because the driver
+skips actions that no longer apply. Deterministic: same input, same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.fuzz.actions import Action, Evict, New, Sample, Schedule
+
+Predicate = Callable[[CacheConfig, list[Action]], bool]
+
+_SIMPLE_SCHEDULE = dict(lookahead=0, external=0, delay_cache=False,
+                        full_sequence_must_fit=False, reserved_blocks=0)
+
+
+def shrink(config: CacheConfig, actions: list[Action], fails: Predicate,
+           max_checks: int = 3000) -> tuple[CacheConfig, list[Action]]:
+    checks = 0
+    actions = list(actions)
+
+    def ok(c: CacheConfig, a: list[Action]) -> bool:
+        nonlocal checks
+        checks += 1
+        return fails(c, a)
+
+    progress = True
+    while progress and checks < max_checks:
+        progress = False
+        # 1. Whole requests.
+        for req in sorted({a.req for a in actions if isinstance(a, New)}, reverse=True):
+            cand = [a for a in actions if getattr(a, "req", None) != req]
+            if cand != actions and ok(config, cand):
+                actions, progress = cand, True
+        # 2. Runs of actions, long runs first.
+        chunk = max(1, len(actions) // 2)
+        while chunk >= 1:
+            i = 0
+            while i < len(actions):
+                cand = actions[:i] + actions[i + chunk:]
+                if cand and ok(config, cand):
+                    actions, progress = cand, True
+                else:
+                    i += chunk
+            chunk //= 2
+        # 3. Simpler actions.
+        for i, a in enumerate(actions):
+            for simpler in _simpler(a):
+                cand = actions[:i] + [simpler] + actions[i + 1:]
+                if ok(config, cand):
+                    actions[i] = a = simpler
+                    progress = True
+        # 4. A smaller config.
+        for smaller in _smaller_configs(config):
+            if ok(smaller, actions):
+                config, progress = smaller, True
+                break
+    return config, actions
+
+
+def _simpler(a: Action) -> list[Action]:
+    out: list[Action] = []
+    if isinstance(a, New):
+        p = a.prompt
+        for cut in (len(p) // 2, len(p) - 1):
+            if 1 <= cut < len(p):
+                out.append(replace(a, prompt=p[:cut]))
+        if a.cache_salt is not None or a.lora is not None:
+            out.append(replace(a, cache_salt=None, lora=None))
+        if any(t != 0 for t in p):
+            out.append(replace(a, prompt=tuple(0 for _ in p)))
+    elif isinstance(a, Schedule):
+        if any(getattr(a, k) != v for k, v in _SIMPLE_SCHEDULE.items()):
+            out.append(replace(a, **_SIMPLE_SCHEDULE))
+        for k, v in _SIMPLE_SCHEDULE.items():
+            if getattr(a, k) != v:
+                out.append(replace(a, **{k: v}))
+        if a.num_new_tokens != 1 << 12:
+            out.append(replace(a, num_new_tokens=1 << 12))
+    elif isinstance(a, Sample) and len(a.tokens) > 1:
+        out.append(replace(a, tokens=a.tokens[:1]))
+    elif isinstance(a, Evict) and len(a.block_ids) > 1:
+        out.extend(replace(a, block_ids=(b,)) for b in a.block_ids)
+    return out
+
+
+def _smaller_configs(c: CacheConfig) -> list[CacheConfig]:
+    out = []
+    for n in sorted({c.num_blocks // 2, c.num_blocks - 1}, reverse=True):
+        if n >= 2 and n != c.num_blocks:
+            out.append(replace(c, num_blocks=n))
+    bs = c.groups[0].block_size
+    if bs > 1:
+        out.append(replace(c, groups=(GroupConfig(bs // 2),)))
+    if c.hash_algo != "sha256":
+        out.append(replace(c, hash_algo="sha256"))
+    return out
