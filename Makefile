@@ -22,7 +22,9 @@ REQUIREMENTS := \
 	hypothesis==6.170.17 \
 	pyyaml==6.0.4 \
 	jsonschema==4.26.0 \
-	fastjsonschema==2.22.3
+	fastjsonschema==2.22.3 \
+	pytest-xdist==3.8.0 \
+	matplotlib==3.11.2
 
 .PHONY: install test conform bench clean-venv
 
@@ -40,13 +42,16 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest -q tests
 
+# The conformance gate: every trace under traces/, the seeded workloads and a
+# 60 s fuzz, on all cores; reports in .gate/.
 conform: install
-	$(VENV)/bin/kvconform conform
+	mkdir -p .gate
+	$(VENV)/bin/kvconform gate --junit .gate/junit.xml --summary .gate/summary.md
 
 bench: install
 	mkdir -p .bench
 	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-json .bench/results.json
-	$(PY) ci/bench_ratio.py .bench/results.json
+	$(PY) ci/bench-table .bench/results.json
 
 clean-venv:
 	rm -rf $(VENV)

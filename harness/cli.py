@@ -122,6 +122,37 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_DIVERGED
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from harness.replay import check_trace
+    from harness.report_page import write_report
+    from harness.trace import find_traces
+
+    paths = find_traces(args.traces)
+    if not paths:
+        print(f"kvconform: no traces under {' '.join(args.traces)}", file=sys.stderr)
+        return EXIT_USAGE
+    backends = ["vllm", "impl"] if args.diff else ["impl"]
+    codes = []
+    for path in paths:
+        o = check_trace(path, backends, observe_pool=True)
+        if o.error is not None:
+            print(str(o.error), file=sys.stderr)
+        written = write_report(o, args.out)
+        print(f"{path}: {', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
+        codes.append(o.exit_code)
+    return _worst(codes)
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from harness.gate import default_paths, run_gate
+
+    if args.fuzz_seconds < 0:
+        print("kvconform: --fuzz-seconds must be >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
+                    args.fuzz_out, args.junit, args.summary, args.jobs)
+
+
 def _cmd_conform(args: argparse.Namespace) -> int:
     from harness import conform
 
@@ -165,6 +196,29 @@ def build_parser() -> argparse.ArgumentParser:
                    "(block sizes, pool sizes, hash algorithms, ...; see specs/FUZZING.md)")
     p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_fuzz)
+
+    p = sub.add_parser("report", help="an HTML and markdown report of trace runs, with a "
+                       "picture of the block pool over time (the divergence marked)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
+    p.add_argument("--out", default="kvconform-report", metavar="DIR",
+                   help="where the pages go (default kvconform-report)")
+    p.add_argument("--diff", action="store_true",
+                   help="run impl and the installed vLLM side by side (default: impl replay)")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("gate", help="the CI conformance gate: every trace, the seeded "
+                       "workloads and a short fuzz; JUnit XML and a markdown summary")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="trace files or folders (default: the bundled traces/)")
+    p.add_argument("--fuzz-seconds", type=float, default=60.0,
+                   help="fuzz campaign length (default 60; 0 skips it)")
+    p.add_argument("--fuzz-seed", type=int, default=0)
+    p.add_argument("--fuzz-out", default="fuzz-findings", metavar="DIR")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
+    p.add_argument("--summary", metavar="FILE", help="write a markdown summary here")
+    p.add_argument("--jobs", default="auto",
+                   help="parallel workers (pytest-xdist; default auto = all cores; 1 = serial)")
+    p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the bundled traces and seeded workloads, "
                        "impl vs the installed vLLM, as a table")

@@ -59,6 +59,10 @@ class TraceOutcome:
     skipped: str | None = None
     recorded: str | None = None  # path written by record
     profile: str | None = None  # the trace's version profile, once its header is read
+    # With observe_pool: per event (trace line, op, pool codes) of the first
+    # backend, for the block-pool picture (Backend.pool_codes).
+    pool_timeline: list[tuple[int, str, list[int]]] | None = None
+    request_index: dict[str, int] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -146,6 +150,7 @@ def check_trace(
     writer_path: str | None = None,
     explicit: bool = True,
     check_invariants: bool = False,
+    observe_pool: bool = False,
 ) -> TraceOutcome:
     """Run one trace through the named backends (in lockstep) and check it.
 
@@ -180,6 +185,8 @@ def check_trace(
                 installed_vllm_version(), header.source, header.cache, header.description,
                 header.model, header.tensors))
         bar = _progress(trace) if progress else None
+        if observe_pool:
+            outcome.pool_timeline, outcome.request_index = [], {}
         t_run = time.perf_counter()
         n = _run(trace, backends, outcome, writer, bar)
         outcome.run_seconds = time.perf_counter() - t_run
@@ -216,6 +223,7 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
          writer: TraceWriter | None, bar) -> int:
     path = trace.path
     reference, others = backends[0], backends[1:]
+    timeline, request_index = outcome.pool_timeline, outcome.request_index
     n = 0
     last_bytes = 0
     for record in trace.records:
@@ -224,6 +232,8 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
         try:
             answer = reference.run(event)
             theirs = [(b.name, b.run(event)) for b in others]
+            if timeline is not None:
+                timeline.append((record.line, event.kind, reference.pool_codes(request_index)))
         except InvariantViolation as e:
             outcome.divergence = _divergence(path, n, record, {
                 RECORDED: record.answer, "impl": f"invariant violated: {e}"})

@@ -31,6 +31,7 @@ from impl.profiles import VersionProfile
 
 BlockIds = list[list[int]]
 _NO_HIT = (None, 0)
+POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED = -1, -2, -3, -4
 
 
 class BackendError(Exception):
@@ -275,6 +276,22 @@ class Backend(ABC):
         """{"block_id", "ref_cnt", "hash" (abbreviated hex or None), "free"}."""
         b = self.manager.block_pool.blocks[block_id]
         return block_state_dict(block_id, b.ref_cnt, b.block_hash, b.is_null)
+
+    def pool_codes(self, request_index: dict[str, int]) -> list[int]:
+        """The pool at a glance, one code per block: POOL_NULL, POOL_FREE,
+        POOL_FREE_CACHED, POOL_SHARED (held by several requests), or the index
+        of the one request holding it (indices assigned in `request_index`)."""
+        blocks = self.manager.block_pool.blocks
+        codes = [POOL_FREE_CACHED if b.block_hash is not None else POOL_FREE for b in blocks]
+        for group in self.manager.coordinator.single_type_managers:
+            for req, held in group.req_to_blocks.items():
+                k = request_index.setdefault(req, len(request_index))
+                for b in held:
+                    if b.is_null:
+                        continue
+                    codes[b.block_id] = k if codes[b.block_id] < 0 else POOL_SHARED
+        codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
+        return codes
 
     def close(self) -> None:
         """Release what the backend holds (nothing by default)."""

@@ -1,0 +1,53 @@
+"""impl operations per second as the pool grows (an operation must cost the same
+with 10^3, 10^5 or 10^6 blocks), and differential fuzzing throughput."""
+
+import pytest
+
+from harness.backends.impl_backend import ImplBackend
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.events import Checkpoint
+from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from impl.profiles import get_profile
+
+P = get_profile("0.32")
+# Few requests at a time: the pool never fills, so the very same calls run
+# whatever its size.
+SPEC = WorkloadSpec(seed=3, block_size=16, num_requests=150, max_running=8, max_waiting=8)
+
+
+@pytest.fixture(scope="module")
+def events():
+    config = CacheConfig(num_blocks=1000, groups=(GroupConfig(16),),
+                         enable_kv_cache_events=False)
+    pairs = list(drive(SchedulerWorkload(SPEC, P, 1000).events(), ImplBackend(config, P).run))
+    assert not any("refused" in a for e, a in pairs if e.kind == "allocate")
+    return [e for e, _ in pairs if not isinstance(e, Checkpoint)]
+
+
+@pytest.mark.benchmark(group="pool-scaling")
+@pytest.mark.parametrize("num_blocks", [10**3, 10**5, 10**6])
+def test_impl_ops_at_pool_size(benchmark, events, num_blocks):
+    config = CacheConfig(num_blocks=num_blocks, groups=(GroupConfig(16),),
+                         enable_kv_cache_events=False)
+
+    def setup():
+        return (ImplBackend(config, P).run,), {}
+
+    def run_all(run):
+        for e in events:
+            run(e)
+
+    benchmark.pedantic(run_all, setup=setup, rounds=5, warmup_rounds=1)
+    benchmark.extra_info["ops"] = len(events)
+    benchmark.extra_info["ops_per_s"] = len(events) / benchmark.stats.stats.median
+
+
+@pytest.mark.benchmark(group="fuzz-ops")
+def test_fuzz_ops_per_second(benchmark, tmp_path):
+    from harness.fuzz.campaign import fuzz
+
+    result = benchmark.pedantic(fuzz, args=(P, 15.0, 0, str(tmp_path)), rounds=1, iterations=1)
+    assert result.finding is None
+    benchmark.extra_info["ops"] = result.ops
+    benchmark.extra_info["ops_per_s"] = result.ops_per_s
+    benchmark.extra_info["cases"] = result.cases

@@ -1,0 +1,160 @@
+"""`kvconform gate`: the CI conformance gate.
+
+Every trace under the given paths (default: the bundled traces/) is replayed
+and diffed, the seeded workloads run in lockstep, and a short fuzz campaign
+runs; one exit code gates the merge (DESIGN.md §6), a JUnit XML file tells the
+CI system which case failed, and a markdown summary suits a CI job summary.
+
+The cases run as pytest items (harness/pytest_plugin.py) so that pytest-xdist
+spreads them over all cores; results are the same as a serial run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.conform import TRACES_DIR
+
+EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(slots=True)
+class GateCase:
+    nodeid: str
+    path: str  # the trace file, for trace cases
+    kind: str
+    mode: str
+    events: int
+    seconds: float
+    exit_code: int
+    report: str  # failure text, "" when conformant
+
+    @property
+    def name(self) -> str:
+        if self.kind == "trace" and self.path:
+            full = Path(self.path).resolve()
+            try:
+                return str(full.relative_to(ROOT))
+            except ValueError:
+                return str(full)
+        return self.nodeid.split("::")[-1]
+
+
+class _Collector:
+    """Gathers each case's properties on the controller (xdist included)."""
+
+    def __init__(self) -> None:
+        self.cases: dict[str, GateCase] = {}
+        self.internal_errors: list[str] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        props = dict(report.user_properties)
+        if report.when == "call" or (report.failed and report.nodeid not in self.cases):
+            exit_code = props.get("kvconform_exit", 0 if report.passed else EXIT_USAGE)
+            if report.failed and exit_code == 0:
+                exit_code = EXIT_USAGE  # crashed before reporting: a harness error
+            self.cases[report.nodeid] = GateCase(
+                report.nodeid,
+                props.get("kvconform_path", ""),
+                props.get("kvconform_kind", "trace"),
+                props.get("kvconform_mode", "-"),
+                props.get("kvconform_events", 0),
+                props.get("kvconform_seconds", report.duration),
+                exit_code,
+                "" if report.passed else str(report.longrepr),
+            )
+
+    def pytest_collectreport(self, report) -> None:
+        if report.failed:
+            self.internal_errors.append(str(report.longrepr))
+
+
+def _verdict(c: GateCase) -> str:
+    return {EXIT_OK: "conformant", EXIT_DIVERGED: "DIVERGED", EXIT_ENV: "ENVIRONMENT"}.get(
+        c.exit_code, "BAD INPUT")
+
+
+def format_table(cases: list[GateCase]) -> str:
+    width = max([len(c.name) for c in cases] + [4])
+    mode_w = max([len(c.mode) for c in cases] + [4])
+    lines = [f"{'case':<{width}}  {'kind':<8}  {'mode':<{mode_w}}  {'events':>8}  "
+             f"{'seconds':>7}  result",
+             f"{'-' * width}  {'-' * 8}  {'-' * mode_w}  {'-' * 8}  {'-' * 7}  {'-' * 10}"]
+    for c in cases:
+        lines.append(f"{c.name:<{width}}  {c.kind:<8}  {c.mode:<{mode_w}}  {c.events:>8}  "
+                     f"{c.seconds:>7.2f}  {_verdict(c)}")
+    failed = sum(c.exit_code != 0 for c in cases)
+    lines.append(f"{len(cases)} cases, {sum(c.events for c in cases)} events checked, "
+                 f"{failed} failed")
+    return "\n".join(lines)
+
+
+def format_summary(cases: list[GateCase], seconds: float, vllm_version: str) -> str:
+    failed = [c for c in cases if c.exit_code != 0]
+    head = "✅ conformant" if not failed else f"❌ {len(failed)} of {len(cases)} cases failed"
+    lines = [f"## kvconform gate: {head}", "",
+             f"Against vLLM {vllm_version}; {len(cases)} cases, "
+             f"{sum(c.events for c in cases):,} events checked in {seconds:.0f} s.", "",
+             "| case | kind | mode | events | seconds | result |",
+             "|---|---|---|---:|---:|---|"]
+    for c in cases:
+        lines.append(f"| `{c.name}` | {c.kind} | {c.mode} | {c.events} | {c.seconds:.2f} | "
+                     f"{_verdict(c)} |")
+    for c in failed:
+        lines += ["", f"<details><summary><code>{c.name}</code>: {_verdict(c)}</summary>", "",
+                  "```", c.report.strip(), "```", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
+             junit: str | None, summary: str | None, jobs: str) -> int:
+    from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_version
+
+    try:
+        vllm_version = installed_vllm_version()
+    except EnvironmentProblem as e:
+        print(f"kvconform: {e}", file=sys.stderr)
+        return EXIT_ENV
+    for p in paths:
+        if not os.path.exists(p):
+            print(f"kvconform: {p}: no such file or folder", file=sys.stderr)
+            return EXIT_USAGE
+
+    import pytest
+
+    args = [*paths, "--kvconform-workloads", f"--kvconform-fuzz-seconds={fuzz_seconds}",
+            f"--kvconform-fuzz-seed={fuzz_seed}", f"--kvconform-fuzz-out={fuzz_out}",
+            "-p", "no:cacheprovider", "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+            "-o", "junit_family=xunit1",
+            "--no-header", "-rN", "--tb=no"]
+    if junit:
+        args.append(f"--junitxml={junit}")
+    if jobs != "1":
+        args += ["-n", jobs]
+    collector = _Collector()
+    t0 = time.perf_counter()
+    rc = pytest.main(args, plugins=[collector])
+    seconds = time.perf_counter() - t0
+    cases = sorted(collector.cases.values(), key=lambda c: (c.kind != "trace", c.name))
+    if collector.internal_errors or rc not in (0, 1) or not cases:
+        for err in collector.internal_errors:
+            print(err, file=sys.stderr)
+        print(f"kvconform: the gate could not run its cases (pytest exit {int(rc)})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    print(format_table(cases))
+    for c in cases:
+        if c.exit_code != 0:
+            print(f"\n{c.name}:\n{c.report}")
+    if summary:
+        Path(summary).write_text(format_summary(cases, seconds, vllm_version))
+    return max(c.exit_code for c in cases)
+
+
+def default_paths() -> list[str]:
+    return [str(TRACES_DIR)]

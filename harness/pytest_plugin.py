@@ -1,0 +1,153 @@
+"""pytest plugin (entry point `pytest11`): traces are test items.
+
+`pytest traces/` collects every `*.jsonl` / `*.yaml` trace file (files whose
+first line or `header:` says `kvconform-trace/1`; other YAML is left alone) and
+runs each as the conformance run does: a trace of the installed vLLM's version
+is diffed (impl and vLLM side by side, recorded answers and expectations
+checked), a trace of another version is replayed on impl with its profile. A
+failure's text is the divergence report.
+
+Options (used by `kvconform gate`):
+  --kvconform-workloads         also run the seeded lockstep workloads
+  --kvconform-fuzz-seconds N    also run a fuzz campaign of N seconds
+  --kvconform-fuzz-seed S / --kvconform-fuzz-out DIR
+Each item records user properties (kvconform_kind, _mode, _events, _seconds,
+_exit) that the gate turns into its table, JUnit and summary; they travel from
+pytest-xdist workers too, so `-n auto` gives the same results as a serial run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TRACE_SUFFIXES = (".jsonl", ".yaml", ".yml")
+_MAGIC = "kvconform-trace/1"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kvconform", "kvconform conformance")
+    group.addoption("--kvconform-workloads", action="store_true",
+                    help="also run the seeded lockstep workloads (impl vs vLLM)")
+    group.addoption("--kvconform-fuzz-seconds", type=float, default=0.0,
+                    help="also run a differential fuzz campaign of this many seconds")
+    group.addoption("--kvconform-fuzz-seed", type=int, default=0)
+    group.addoption("--kvconform-fuzz-out", default="fuzz-findings",
+                    help="where fuzz findings are written")
+
+
+def _is_trace(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if path.suffix == ".jsonl":
+        return _MAGIC in head.split("\n", 1)[0]
+    return "header:" in head and _MAGIC in head
+
+
+def pytest_collect_file(file_path: Path, parent):
+    if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
+        return TraceFile.from_parent(parent, path=file_path)
+    return None
+
+
+class KVConformFailure(Exception):
+    """A case that did not conform; its message is the report."""
+
+
+class _CaseItem(pytest.Item):
+    kind = ""
+
+    def _run(self):
+        raise NotImplementedError
+
+    def runtest(self):
+        result = self._run()
+        self.user_properties.extend([
+            ("kvconform_kind", self.kind),
+            ("kvconform_path", str(self.path) if self.kind == "trace" else ""),
+            ("kvconform_mode", result.mode),
+            ("kvconform_events", result.num_events),
+            ("kvconform_seconds", round(result.seconds, 3)),
+            ("kvconform_exit", result.exit_code),
+        ])
+        if result.problem is not None:
+            raise KVConformFailure(result.problem)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance(KVConformFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class TraceFile(pytest.File):
+    def collect(self):
+        yield TraceItem.from_parent(self, name=self.path.name)
+
+
+class TraceItem(_CaseItem):
+    kind = "trace"
+
+    def _run(self):
+        from harness.conform import run_trace
+
+        return run_trace(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"trace {self.path}"
+
+
+class WorkloadItem(_CaseItem):
+    kind = "workload"
+
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.conform import WORKLOADS, run_workload
+
+        case = next(c for c in WORKLOADS if c.name == self.name)
+        return run_workload(case, installed_vllm_profile())
+
+    def reportinfo(self):
+        return "workload", None, f"workload {self.name}"
+
+
+class FuzzItem(_CaseItem):
+    kind = "fuzz"
+
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.conform import CaseResult
+        from harness.fuzz.campaign import fuzz
+
+        opts = self.config.option
+        r = fuzz(installed_vllm_profile(), opts.kvconform_fuzz_seconds,
+                 opts.kvconform_fuzz_seed, opts.kvconform_fuzz_out)
+        mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
+        problem = None
+        if r.finding is not None:
+            f = r.finding
+            problem = (f"fuzz divergence in case {f.case}, shrunk to {f.num_calls} calls, "
+                       f"written to {f.path}\n{f.divergence.describe()}\n"
+                       f"replay it: kvconform replay {f.path}")
+        return CaseResult(self.name, mode, r.ops, r.seconds, problem, 1 if problem else 0)
+
+    def reportinfo(self):
+        return "fuzz", None, self.name
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Add the workload and fuzz items the options ask for (after the traces;
+    deterministic, so every xdist worker collects the same list)."""
+    opts = config.option
+    if getattr(opts, "kvconform_workloads", False):
+        from harness.conform import WORKLOADS
+
+        items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+        name = (f"fuzz[seed={opts.kvconform_fuzz_seed},"
+                f"seconds={opts.kvconform_fuzz_seconds:g}]")
+        # First, so that under xdist the long campaign starts while traces run.
+        items.insert(0, FuzzItem.from_parent(session, name=name))

@@ -1,0 +1,67 @@
+"""The gate: exit codes, JUnit, summary; parallel results equal serial ones."""
+
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.gate import run_gate
+
+pytestmark = pytest.mark.vllm
+SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"
+
+
+def _copy(tmp_path, *names):
+    d = tmp_path / "traces"
+    d.mkdir()
+    for n in names:
+        shutil.copy(SCENARIOS / n, d / n)
+    return d
+
+
+def _edit_answer(path: Path) -> int:
+    lines = path.read_text().splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if line.strip() == "answer: {block_ids: [[6, 7]]}")
+    lines[i] = lines[i].replace("[[6, 7]]", "[[6, 9]]")
+    path.write_text("".join(lines))
+    return i + 1
+
+
+def test_gate_fails_on_an_edited_answer_and_names_it(tmp_path, capsys):
+    d = _copy(tmp_path, "documented-example.yaml", "salted-requests.yaml")
+    line = _edit_answer(d / "documented-example.yaml")
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    code = run_gate([str(d)], fuzz_seconds=3, fuzz_seed=0, fuzz_out=str(tmp_path / "f"),
+                    junit=str(junit), summary=str(summary), jobs="1")
+    out = capsys.readouterr().out
+    assert code == 1
+    where = f"{d / 'documented-example.yaml'}:{line}"
+    assert where in out
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert "documented-example.yaml" in cases and "salted-requests.yaml" in cases
+    assert any(n.startswith("fuzz[") for n in cases)
+    assert len([n for n in cases if n.startswith("workload-")]) >= 5
+    failure = cases["documented-example.yaml"].find("failure")
+    assert failure is not None and where in (failure.text or "") + failure.get("message", "")
+    assert cases["salted-requests.yaml"].find("failure") is None
+    text = summary.read_text()
+    assert "1 of" in text and "DIVERGED" in text and where in text
+
+
+def test_parallel_gate_equals_serial(tmp_path, capsys):
+    d = _copy(tmp_path, "documented-example.yaml", "extra-keys.yaml", "lookahead-tokens.yaml",
+              "documented-example-v0.17.yaml")
+
+    def rows(jobs):
+        s = tmp_path / f"summary-{jobs}.md"
+        assert run_gate([str(d)], 0, 0, str(tmp_path / "f"), None, str(s), jobs) == 0
+        table = [r for r in s.read_text().splitlines() if r.startswith("| `")]
+        # Drop the timing column; everything else must match.
+        return [r.split("|")[1:5] + r.split("|")[6:] for r in table]
+
+    assert rows("1") == rows("2")
+
+
+def test_gate_on_missing_path_is_usage_error(tmp_path):
+    assert run_gate([str(tmp_path / "nope")], 0, 0, str(tmp_path), None, None, "1") == 2

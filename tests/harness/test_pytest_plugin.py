@@ -1,0 +1,31 @@
+"""`pytest traces/` collects and runs every bundled trace (and only traces)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_collects_every_bundled_trace():
+    traces = sorted(p for p in (ROOT / "traces").rglob("*")
+                    if p.suffix in (".jsonl", ".yaml", ".yml")
+                    and "kvconform-trace/1" in p.read_text(errors="replace")[:4096])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "traces", "--collect-only", "-q",
+                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert len(collected) == len(traces) >= 14
+
+
+def test_a_failing_trace_fails_with_the_report(tmp_path):
+    src = ROOT / "traces" / "scenarios" / "exact-block-multiple.yaml"
+    text = src.read_text().replace("answer: {hit_tokens: 4, block_ids: [[1]]}",
+                                   "answer: {hit_tokens: 8, block_ids: [[1, 2]]}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(bad), "-p", "no:cacheprovider",
+                           "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"{bad}:" in proc.stdout and "hit_tokens" in proc.stdout
