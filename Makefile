@@ -26,7 +26,7 @@ REQUIREMENTS := \
 	pytest-xdist==3.8.0 \
 	matplotlib==3.11.2
 
-.PHONY: install test conform bench clean-venv
+.PHONY: install test conform bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -52,6 +52,12 @@ bench: install
 	mkdir -p .bench
 	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-json .bench/results.json
 	$(PY) ci/bench-table .bench/results.json
+
+# impl's Triton kernels compiled on a CUDA GPU, checked and timed
+# (specs/ATTENTION.md); prints a notice and exits 0 without a GPU. Never
+# required by CI.
+gpu-check: install
+	$(PY) ci/gpu_check.py
 
 clean-venv:
 	rm -rf $(VENV)

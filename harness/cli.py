@@ -35,21 +35,45 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
         print(f"kvconform: no traces under {' '.join(args.traces)}", file=sys.stderr)
         return EXIT_USAGE
     explicit = set(args.traces)
-    outcomes = []
+    results, codes = [], []
     progress = not args.json
+    attention = "vllm" in backends and not getattr(args, "no_attention", True)
     for path in paths:
         o = check_trace(path, backends, progress=progress, explicit=path in explicit,
                         check_invariants=args.check_invariants)
-        outcomes.append(o)
+        codes.append(o.exit_code)
         if o.error is not None:
             print(str(o.error), file=sys.stderr)
+        result = outcome_json(o) if args.json else None
         if not args.json:
             print(format_outcome_line(o))
             if o.divergence is not None:
                 print(format_divergence(o))
+        if attention and o.exit_code == 0 and o.skipped is None:
+            a = _check_attention(path, args)
+            if a is not None:
+                codes.append(a.exit_code)
+                if a.error is not None:
+                    print(a.error, file=sys.stderr)
+                if args.json:
+                    result["attention"] = a.as_dict()
+                else:
+                    print("\n".join(a.summary_lines()))
+        if args.json:
+            results.append(result)
     if args.json:
-        print(json.dumps([outcome_json(o) for o in outcomes], indent=1))
-    return _worst([o.exit_code for o in outcomes])
+        print(json.dumps(results, indent=1))
+    return _worst(codes)
+
+
+def _check_attention(path: str, args: argparse.Namespace):
+    """The attention-output differential, for traces with a model header."""
+    from harness.attention.differential import AttentionOptions, check_attention, wants_attention
+
+    if not wants_attention(path):
+        return None
+    return check_attention(path, AttentionOptions(dtype=args.attention_dtype,
+                                                  max_batches=args.attention_max_batches))
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -57,6 +81,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    if not args.no_attention:
+        # Decide how Triton runs (interpreted without CUDA) before vLLM imports
+        # triton: kernels defined under another mode cannot call each other.
+        import impl.kernels.triton_mode  # noqa: F401
     return _run_traces(args, ["vllm", "impl"])
 
 
@@ -178,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--check-invariants", action="store_true",
                    help="run impl's invariant checker after every event (slower)")
+    p.add_argument("--no-attention", action="store_true",
+                   help="skip the attention-output differential of traces with a model "
+                   "header (specs/ATTENTION.md)")
+    p.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"],
+                   help="dtype of the attention differential (default: the trace's model)")
+    p.add_argument("--attention-max-batches", type=int, default=16, metavar="N",
+                   help="check at most N batches (steps) of attention per trace "
+                   "(default 16: Triton runs interpreted on a CPU)")
     p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("record", help="fill a trace with the installed vLLM's answers")
@@ -223,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("conform", help="the bundled traces and seeded workloads, "
                        "impl vs the installed vLLM, as a table")
     p.set_defaults(func=_cmd_conform)
+
+    # capture (scheduler, tiny engine, server plugin, KV events) and anonymize.
+    from harness.capture.cli import register as register_capture
+
+    register_capture(sub)
     return parser
 
 

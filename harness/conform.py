@@ -49,12 +49,35 @@ def _wl(name: str, seed: int, num_blocks: int, block_size: int = 16, **cfg) -> W
     )
 
 
+def _hybrid(name: str, seed: int, num_blocks: int, groups: tuple[GroupConfig, ...],
+            **cfg) -> WorkloadCase:
+    """A workload over several groups (or another kind). The workload keeps a
+    request within num_blocks blocks of 16 tokens; the pool is sized so that a
+    request fits in every group at once."""
+    return WorkloadCase(
+        name,
+        WorkloadSpec(seed=seed, block_size=16),
+        CacheConfig(num_blocks=num_blocks, groups=groups, **cfg),
+    )
+
+
+_FULL = GroupConfig(16)
+_WINDOW = GroupConfig(16, "sliding_window", sliding_window=40)
+
 WORKLOADS: list[WorkloadCase] = [
     _wl("workload-tight-pool", seed=1, num_blocks=24),
     _wl("workload-medium-pool", seed=2, num_blocks=64),
     _wl("workload-sha256_cbor", seed=3, num_blocks=40, block_size=32, hash_algo="sha256_cbor"),
     _wl("workload-xxhash", seed=4, num_blocks=48, hash_algo="xxhash"),
     _wl("workload-no-caching", seed=5, num_blocks=32, enable_caching=False),
+    _hybrid("workload-sliding-window", 6, 40, (_WINDOW,)),
+    _hybrid("workload-gemma-hybrid", 7, 100, (_FULL, _WINDOW, _WINDOW)),
+    _hybrid("workload-hybrid-block-sizes", 8, 120,
+            (_FULL, GroupConfig(32, "sliding_window", sliding_window=24))),
+    _hybrid("workload-llama4-hybrid", 9, 100,
+            (_FULL, GroupConfig(16, "chunked_local_attention", attention_chunk_size=64))),
+    _hybrid("workload-mla-dcp", 10, 32, (GroupConfig(16, "mla_attention"),), dcp_world_size=2),
+    _hybrid("workload-hybrid-no-caching", 11, 100, (_FULL, _WINDOW), enable_caching=False),
 ]
 
 

@@ -78,7 +78,8 @@ class Lookup(Event):
 @dataclass(slots=True)
 class Allocate(Event):
     """allocate_slots. Answer: {"block_ids": [[new ids per group]]} or
-    {"refused": true}."""
+    {"refused": true}. `num_encoder_tokens` sizes the cross-attention groups
+    (encoder-decoder models; the scheduler passes it at admission)."""
 
     kind: ClassVar[str] = "allocate"
     req: str
@@ -160,6 +161,17 @@ class Step(Event):
     kind: ClassVar[str] = "step"
 
 
+@dataclass(slots=True)
+class TakeBlockCopies(Event):
+    """The scheduler drains the copy-on-write copies its allocations queued
+    (take_kv_cache_block_copies, end of every schedule pass) and releases the
+    blocks they kept referenced. Answer: {"copies": [[source, copy], ...]}.
+    Copies exist only after hits ending inside a block (0.32 hybrid models with
+    hash_block_size < block_size); otherwise the answer is empty."""
+
+    kind: ClassVar[str] = "take_block_copies"
+
+
 CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
 
 
@@ -182,7 +194,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
-        Free, Preempt, ResetPrefixCache, EvictBlocks, Step, Checkpoint,
+        Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
     )
 }
 

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.backends.base import Backend, BackendError
 from harness.backends.impl_backend import ImplBackend

@@ -55,6 +55,13 @@ def check_invariants(manager: KVCacheManager) -> None:
     if null.block_hash is not None:
         raise InvariantViolation("the null block is cached")
 
+    # Blocks set aside for good (0.17's attention sinks) are neither free nor held.
+    reserved = {
+        b.block_id
+        for m in manager.coordinator.single_type_managers
+        for b in getattr(m, "sink_blocks", ())
+    }
+
     # A block is in the free queue iff nobody references it.
     for block_id in in_queue:
         if blocks[block_id].ref_cnt != 0:
@@ -65,9 +72,9 @@ def check_invariants(manager: KVCacheManager) -> None:
     if min(refs) < 0:
         i = min(range(len(refs)), key=refs.__getitem__)
         raise InvariantViolation(f"block {i} has ref_cnt {refs[i]} < 0")
-    if refs.count(0) - 1 != n:
+    if refs.count(0) - 1 - len(reserved) != n:
         i = next(i for i, r in enumerate(refs) if r == 0 and i != null.block_id
-                 and i not in in_queue)
+                 and i not in in_queue and i not in reserved)
         raise InvariantViolation(f"block {i} ref_cnt=0 but not in the free queue")
 
     # Every reference is a request holding the block (prefix sharing included).
@@ -83,31 +90,44 @@ def check_invariants(manager: KVCacheManager) -> None:
         i = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
         raise InvariantViolation(f"block {i} has ref_cnt {refs[i]} but 0 request(s) hold it")
 
-    # The hash map points only at blocks carrying that very hash, and every
-    # block with a hash is in the map.
+    # The hash map points only at blocks carrying that very key (as their
+    # primary hash or a partial entry), and every key of a block is in the map.
+    extra_keys = pool.cached_block_hashes_by_block
     mapped = 0
     for key, b in pool.cached_block_hash_to_block.items():
-        if b.block_hash != key:
+        if b.block_hash != key and key not in extra_keys.get(b.block_id, ()):
             raise InvariantViolation(
                 f"hash map entry {key.hex()[:12]} points at block {b.block_id} whose "
                 f"hash is {b.block_hash.hex()[:12] if b.block_hash else None}"
             )
         mapped += 1
-    num_hashed = sum(b.block_hash is not None for b in blocks)
+    for block_id, keys in extra_keys.items():
+        if blocks[block_id].block_hash is None:
+            raise InvariantViolation(f"block {block_id} has partial keys but no hash")
+    num_hashed = sum(b.block_hash is not None for b in blocks) + sum(
+        len(k) for k in extra_keys.values()
+    )
     if num_hashed != mapped:
-        raise InvariantViolation(f"{num_hashed} blocks have a hash but the map holds {mapped}")
+        raise InvariantViolation(f"{num_hashed} block keys exist but the map holds {mapped}")
     if not manager.enable_caching and mapped:
         raise InvariantViolation("blocks are cached while caching is disabled")
 
 
+# Holder names of pending copies (not request ids: those come from traces).
+_COPY = "<pending copy>"
+
+
 def _holders(manager: KVCacheManager) -> dict[str, list[int]]:
-    """(group, request) -> ids of the non-null blocks it holds."""
+    """(group, request) -> ids of the non-null blocks it holds; pending
+    copy-on-write copies hold their source and copy until drained."""
     out: dict[str, list[int]] = {}
     for group in manager.coordinator.single_type_managers:
         for req, blocks in group.req_to_blocks.items():
             out[f"{group.kv_cache_group_id}/{req}"] = [
                 b.block_id for b in blocks if not b.is_null
             ]
+        for i, (src, dst) in enumerate(group._pending_cow_copies):
+            out[f"{group.kv_cache_group_id}/{_COPY}{i}"] = [src.block_id, dst.block_id]
     return out
 
 
@@ -134,7 +154,9 @@ class InvariantChecker:
         for block_id, holders in current.items():
             if len(holders) < 2:
                 continue
-            new = holders - self._previous.get(block_id, set())
+            # A pending copy shares its blocks legitimately.
+            new = {h for h in holders - self._previous.get(block_id, set())
+                   if _COPY not in h}
             if new and blocks[block_id].block_hash is None:
                 raise InvariantViolation(
                     f"block {block_id} was handed to {sorted(new)} while "

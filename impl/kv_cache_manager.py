@@ -13,6 +13,7 @@ from impl.block import KVCacheBlock
 from impl.coordinator import get_kv_cache_coordinator
 from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
+from impl.managers.full_attention import FullAttentionManager
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
@@ -41,6 +42,9 @@ class KVCacheManager:
         events_use_int_hashes: bool = True,
         watermark: float = 0.0,
         dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -56,6 +60,10 @@ class KVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
             events_use_int_hashes=events_use_int_hashes,
             dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            scheduler_block_size=scheduler_block_size,
+            max_model_len=max_model_len,
+            max_in_flight_tokens=max_in_flight_tokens,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
@@ -65,15 +73,18 @@ class KVCacheManager:
         )
         # Group metadata BlockStored events carry (kind, sliding window).
         self._event_group_metadata = tuple(
-            (g.kv_cache_spec.kind, getattr(g.kv_cache_spec, "sliding_window", None))
+            (g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
             for g in kv_cache_config.kv_cache_groups
         )
         self._record_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
-        # The one manager of a single-group model that never skips tokens (full
-        # attention): running requests then take a short path in allocate_slots.
+        # The one manager of a single full-attention group: running requests
+        # then take a short path in allocate_slots.
         managers = self.coordinator.single_type_managers
         self._single = (
-            managers[0] if len(managers) == 1 and not managers[0].skips_tokens else None
+            managers[0]
+            if len(managers) == 1 and isinstance(managers[0], FullAttentionManager)
+            and managers[0].block_size == hash_block_size
+            else None
         )
 
     @property
@@ -183,25 +194,33 @@ class KVCacheManager:
             watermark = self.watermark_blocks
         coordinator = self.coordinator
         free = self.block_pool.free_block_queue
+        # Where the request's prefill ends (a resumed request replays its
+        # output tokens too): Mamba checkpoints key on it.
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
 
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             need = coordinator.get_num_blocks_to_allocate(
-                request_id, full, new_computed, total_computed
+                request_id, full, new_computed, num_encoder_tokens, total_computed,
+                num_local_computed, full, apply_admission_cap=True, prefill_end=prefill_end,
             )
             if need + watermark > free.num_free_blocks:
                 return None
 
+        num_tokens_main_model = total_computed + num_new_tokens
         num_tokens_need_slot = min(
-            total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len
+            num_tokens_main_model + num_lookahead_tokens, self.max_model_len
         )
         # Free what the window no longer reads before counting, so those blocks
         # can serve this allocation (done even if the allocation is refused).
         coordinator.remove_skipped_blocks(
-            request_id, max(0, total_computed - request.num_in_flight_tokens)
+            request_id, max(0, total_computed - request.num_in_flight_tokens),
+            request.num_prompt_tokens,
         )
         need = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, new_computed, total_computed
+            request_id, num_tokens_need_slot, new_computed, num_encoder_tokens,
+            num_local_computed + num_external_computed_tokens, num_local_computed,
+            num_tokens_main_model, prefill_end=prefill_end,
         )
         if need + watermark > free.num_free_blocks - reserved_blocks:
             return None
@@ -215,7 +234,9 @@ class KVCacheManager:
                 num_local_computed,
                 num_external_computed_tokens,
             )
-        new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
+        new_blocks = coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
+        )
         if delay_cache_blocks or not self.enable_caching:
             return self._blocks(new_blocks)
         # Cache only finalized tokens: lookahead/draft tokens may be rejected.
@@ -282,6 +303,14 @@ class KVCacheManager:
 
     def new_step_starts(self) -> None:
         self.coordinator.new_step_starts()
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
+        """Drain the pending copy-on-write copies: (source id, copy id) pairs
+        and the blocks they keep referenced, source and copy of each pair in
+        turn. The scheduler frees those once the copies have run."""
+        pending = self.coordinator.take_pending_cow_copies()
+        copies = [(src.block_id, dst.block_id) for src, dst in pending]
+        return copies, [block for pair in pending for block in pair]
 
     # -- views ---------------------------------------------------------------------
 

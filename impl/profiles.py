@@ -48,6 +48,60 @@ class StatsRecordedAt(str, Enum):
     ADMISSION = "admission"
 
 
+class CoarseBlockHash(str, Enum):
+    """How a group whose block size is a multiple of the hash block size derives
+    its per-block hash from the request's hash-block-size hashes."""
+
+    # 0.17: the concatenation of the block's hash-size hashes.
+    CONCAT = "concat"
+    # 0.32: the last hash-size hash inside the block (it already chains over the
+    # whole prefix).
+    LAST = "last"
+
+
+class ContextParallelBlockSize(str, Enum):
+    """The block size a manager sees under decode/prefill context parallelism."""
+
+    # 0.17: block_size * dcp * pcp, for every kind.
+    DCP_TIMES_PCP = "dcp_times_pcp"
+    # 0.32: block_size * dcp, only for specs whose KV is sharded across DCP ranks
+    # (attention); Mamba state is replicated and keeps its block size.
+    DCP_IF_SHARDED = "dcp_if_sharded"
+
+
+class ExternalBlocksOrder(str, Enum):
+    """When blocks for connector-loaded (external) tokens are allocated."""
+
+    # 0.17: each group touches its hit and then allocates its external blocks
+    # before the next group touches its own hit.
+    PER_GROUP = "per_group"
+    # 0.32: every group touches its hit first, then every group allocates.
+    AFTER_ALL_HITS = "after_all_hits"
+
+
+class BlockSizesRule(str, Enum):
+    """Which block sizes the scheduler works in and requests are hashed at."""
+
+    # 0.17: both are the cache block size times dcp * pcp, whatever the groups.
+    CACHE_BLOCK_SIZE = "cache_block_size"
+    # 0.32: one group: its block size (times dcp where sharded); several: the
+    # LCM of the group block sizes for the scheduler, their GCD (or
+    # prefix_match_unit) for hashes, unless nothing reads hashes.
+    LCM_GCD = "lcm_gcd"
+
+
+class KVCacheTensorPlan(str, Enum):
+    """How the per-layer KV cache tensors of a KV cache config are described."""
+
+    # 0.17: KVCacheTensor(size, shared_by): one tensor per layer slot, shared by
+    # one layer of every group; each layer views it as
+    # (2, num_blocks, block_size, num_kv_heads, head_size).
+    SHARED_BY = "shared_by"
+    # 0.32: KVCacheTensor(size, layers, layer_stride, block_stride, offset) over
+    # one allocation; each layer a logical [num_blocks, heads, block, bytes] view.
+    STRIDED = "strided"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -72,6 +126,38 @@ class VersionProfile:
     # vLLM API shape, read only by the vLLM adapter.
     get_computed_blocks_arity: int
     manager_takes_scheduler_block_size: bool
+    # --- hybrid models and the other attention kinds ---
+    block_sizes_rule: BlockSizesRule
+    coarse_block_hash: CoarseBlockHash
+    context_parallel_block_size: ContextParallelBlockSize
+    external_blocks_order: ExternalBlocksOrder
+    # When blocks for connector (external) tokens are trimmed by the window:
+    # whenever any token is skipped (0.32), or only when a whole block is
+    # (0.17, which then allocates blocks for skipped external tokens).
+    external_trim_on_skipped_tokens: bool
+    # Prefix-cache entries for prompt boundaries inside a block, hits ending
+    # inside a block (fine-grained lookup when hash_block_size < block_size,
+    # with Mamba "align"), and copy-on-write of the shared tail block (0.32).
+    partial_block_hits: bool
+    # A hybrid model caches only up to a multiple of the scheduler block size
+    # (the LCM of the group block sizes) unless fine-grained hits are on (0.32);
+    # 0.17 caches every full block of every group.
+    hybrid_caches_scheduler_aligned: bool
+    # Sliding-window groups of a hybrid model cache only the blocks a hit at an
+    # aligned boundary can use (0.32's reachable_block_mask); 0.17 caches all.
+    sliding_window_sparse_caching: bool
+    # The sink-attention manager takes sink_len / block_size blocks out of the
+    # free queue for good when it is built (0.17; 0.32 does not).
+    sink_blocks_reserved: bool
+    kv_cache_tensor_plan: KVCacheTensorPlan
+    # Unifying the page sizes of a hybrid model pads a Mamba page, or an
+    # attention page that does not divide the largest one (0.32); 0.17 only
+    # grows block sizes and refuses such a model (NotImplementedError).
+    unify_pads_pages: bool
+    # vLLM 0.32.0's SinkFullAttentionManager.__init__ rejects the
+    # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
+    # group cannot be built; the vLLM adapter drops the argument (API shape).
+    sink_manager_rejects_zeroing_arg: bool
 
 
 PROFILES: dict[str, VersionProfile] = {
@@ -87,6 +173,18 @@ PROFILES: dict[str, VersionProfile] = {
         has_admission_controls=False,
         get_computed_blocks_arity=2,
         manager_takes_scheduler_block_size=False,
+        block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+        coarse_block_hash=CoarseBlockHash.CONCAT,
+        context_parallel_block_size=ContextParallelBlockSize.DCP_TIMES_PCP,
+        external_blocks_order=ExternalBlocksOrder.PER_GROUP,
+        external_trim_on_skipped_tokens=False,
+        partial_block_hits=False,
+        hybrid_caches_scheduler_aligned=False,
+        sliding_window_sparse_caching=False,
+        sink_blocks_reserved=True,
+        kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
+        unify_pads_pages=False,
+        sink_manager_rejects_zeroing_arg=False,
     ),
     "0.32": VersionProfile(
         name="0.32",
@@ -100,6 +198,18 @@ PROFILES: dict[str, VersionProfile] = {
         has_admission_controls=True,
         get_computed_blocks_arity=3,
         manager_takes_scheduler_block_size=True,
+        block_sizes_rule=BlockSizesRule.LCM_GCD,
+        coarse_block_hash=CoarseBlockHash.LAST,
+        context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
+        external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,
+        external_trim_on_skipped_tokens=True,
+        partial_block_hits=True,
+        hybrid_caches_scheduler_aligned=True,
+        sliding_window_sparse_caching=True,
+        sink_blocks_reserved=False,
+        kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
+        unify_pads_pages=True,
+        sink_manager_rejects_zeroing_arg=True,
     ),
 }
 

@@ -26,6 +26,7 @@ from harness.events import (
     RecordStats,
     ResetPrefixCache,
     Step,
+    TakeBlockCopies,
 )
 from impl.profiles import VersionProfile
 
@@ -96,6 +97,7 @@ class Backend(ABC):
             ResetPrefixCache: self._on_reset,
             EvictBlocks: self._on_evict,
             Step: self._on_step,
+            TakeBlockCopies: self._on_take_block_copies,
             Checkpoint: self._on_checkpoint,
         }
 
@@ -150,6 +152,9 @@ class Backend(ABC):
     def _on_step(self, ev: Step) -> dict:
         self.new_step_starts()
         return {}
+
+    def _on_take_block_copies(self, ev: TakeBlockCopies) -> dict:
+        return {"copies": [list(pair) for pair in self.take_block_copies()]}
 
     def _on_checkpoint(self, ev: Checkpoint) -> dict:
         out: dict[str, Any] = {}
@@ -248,6 +253,11 @@ class Backend(ABC):
 
     @abstractmethod
     def new_step_starts(self) -> None: ...
+
+    @abstractmethod
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Drain pending copy-on-write copies and release the blocks they kept
+        referenced, as the scheduler does after each schedule pass."""
 
     @abstractmethod
     def free_queue(self) -> list[int]: ...

@@ -8,21 +8,17 @@ from harness.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.invariants import InvariantChecker
 from impl.kv_cache_manager import KVCacheManager
-from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
 from impl.profiles import VersionProfile
 from impl.request import Request, RequestStatus
 
-_SPECS = {"full_attention": FullAttentionSpec}
-
 
 def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
-    groups = []
-    for i, g in enumerate(config.groups):
-        spec_cls = _SPECS.get(g.kind)
-        if spec_cls is None:
-            raise NotImplementedError(f"attention kind '{g.kind}' is not implemented yet")
-        groups.append(KVCacheGroupSpec((f"layer.{i}",), spec_cls(g.block_size)))
-    return KVCacheConfig(config.num_blocks, tuple(groups))
+    groups = tuple(
+        KVCacheGroupSpec((f"layer.{i}",), spec)
+        for i, spec in enumerate(config.kv_cache_specs())
+    )
+    return KVCacheConfig(config.num_blocks, groups)
 
 
 class ImplBackend(Backend):
@@ -36,19 +32,24 @@ class ImplBackend(Backend):
         self, config: CacheConfig, profile: VersionProfile, check: bool = False
     ) -> None:
         super().__init__(config, profile)
+        scheduler_block_size, hash_block_size = config.block_sizes(profile)
         self.manager = KVCacheManager(
             build_kv_cache_config(config),
             max_model_len=config.max_model_len,
-            hash_block_size=config.hash_block_size,
+            hash_block_size=hash_block_size,
             profile=profile,
             enable_caching=config.enable_caching,
             log_stats=config.log_stats,
             enable_kv_cache_events=config.enable_kv_cache_events,
             events_use_int_hashes=config.events_use_int_hashes,
             watermark=config.watermark,
+            dcp_world_size=config.dcp_world_size,
+            pcp_world_size=config.pcp_world_size,
+            scheduler_block_size=scheduler_block_size,
+            max_in_flight_tokens=config.max_in_flight_tokens,
         )
         self.hasher = RequestBlockHasher(
-            config.hash_block_size,
+            hash_block_size,
             get_hash_fn(config.hash_algo),
             none_hash(profile, config.hash_algo, config.hash_seed),
             profile.tagged_extra_keys,
@@ -124,6 +125,12 @@ class ImplBackend(Backend):
 
     def new_step_starts(self) -> None:
         self.manager.new_step_starts()
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        if retained:
+            self.manager.block_pool.free_blocks(retained)
+        return copies
 
     def free_queue(self) -> list[int]:
         return self.manager.block_pool.free_block_queue.block_ids()

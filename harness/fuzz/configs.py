@@ -1,0 +1,107 @@
+"""Cache configs the fuzzer draws, one template per attention kind or hybrid.
+
+Every template is a configuration vLLM itself would build: cross attention
+only with prefix caching off (encoder-decoder models disable it), Mamba in
+"align" mode with caching and "none" mode without, chunked local attention
+only next to groups of its own block size, context parallelism only for the
+kinds that support it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from harness.cache_config import CacheConfig, GroupConfig
+
+# `kinds` a fuzz config may name (FuzzConfig.kinds).
+TEMPLATES = (
+    "full_attention",
+    "mla_attention",
+    "sink_full_attention",
+    "sliding_window",
+    "chunked_local_attention",
+    "mamba",
+    "cross_attention",
+    "context_parallel",
+    "hybrid_sliding_window",
+    "hybrid_chunked_local",
+    "hybrid_mamba",
+    "hybrid_mixed",
+)
+
+
+def _window(rng: random.Random, bs: int) -> int:
+    return max(1, rng.choice((1, 2, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 1, 5 * bs)))
+
+
+def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
+                ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """The groups of a `kind` case with block size `bs`, and other CacheConfig
+    fields the template sets."""
+    full = GroupConfig(bs)
+    if kind == "full_attention":
+        return (full,), {}
+    if kind == "mla_attention":
+        return (GroupConfig(bs, "mla_attention"),), {}
+    if kind == "sink_full_attention":
+        return (GroupConfig(bs, "sink_full_attention", sink_len=bs * rng.choice((1, 2))),), {}
+    if kind == "sliding_window":
+        return (GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs)),), {}
+    if kind == "chunked_local_attention":
+        chunk = rng.choice((bs, 2 * bs, 3 * bs, bs + 1, 2 * bs - 1))
+        return (GroupConfig(bs, "chunked_local_attention", attention_chunk_size=max(chunk, 1)),), {}
+    if kind == "mamba":
+        return (GroupConfig(bs, "mamba"),), {}
+    if kind == "cross_attention":
+        return (full, GroupConfig(rng.choice((bs, 2 * bs)), "cross_attention")), {
+            "enable_caching": False}
+    if kind == "context_parallel":
+        group = rng.choice((full, GroupConfig(bs, "mla_attention")))
+        return (group,), {"dcp_world_size": rng.choice((2, 4)),
+                          "pcp_world_size": rng.choice((1, 1, 2))}
+    if kind == "hybrid_sliding_window":
+        # Gemma-like: full attention next to one or more window groups, at the
+        # same, half or double the block size.
+        sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
+        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=_window(rng, sw_bs))
+        groups = [full, sw] if rng.random() < 0.5 else [sw, full]
+        if rng.random() < 0.3:
+            groups.append(sw)  # an equal group: looked up together
+        return tuple(groups), {}
+    if kind == "hybrid_chunked_local":
+        chunk = rng.choice((bs, 2 * bs, 4 * bs))
+        return (full, GroupConfig(bs, "chunked_local_attention", attention_chunk_size=chunk)), {}
+    if kind == "hybrid_mamba":
+        # Jamba / Qwen3-Next-like: attention and Mamba at the cache block size;
+        # a finer prefix_match_unit turns on hits inside blocks.
+        extra = {}
+        if caching and bs > 1 and rng.random() < 0.6:
+            extra["prefix_match_unit"] = rng.choice([d for d in (1, 2, 4, 8) if d < bs
+                                                     and bs % d == 0])
+        groups = [full, GroupConfig(bs, "mamba")]
+        if rng.random() < 0.3:
+            groups.insert(1, GroupConfig(bs, "mamba"))
+        return tuple(groups), extra
+    if kind == "hybrid_mixed":
+        sw = GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))
+        return (full, sw, GroupConfig(bs, "mamba")), {}
+    raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
+
+
+def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
+                      hash_algo: str, hash_seed: str, caching: bool,
+                      max_model_len: int) -> CacheConfig:
+    groups, extra = draw_groups(kind, rng, bs, caching)
+    if any(g.kind == "mamba" for g in groups) and not caching and rng.random() < 0.5:
+        # vLLM's default without caching: one block holds a whole request.
+        groups = tuple(GroupConfig(max_model_len, "mamba") if g.kind == "mamba" else g
+                       for g in groups)
+    fields = dict(num_blocks=num_blocks, groups=groups, hash_algo=hash_algo,
+                  hash_seed=hash_seed, enable_caching=caching, max_model_len=max_model_len)
+    fields.update(extra)
+    if any(g.kind in ("sliding_window", "chunked_local_attention") for g in groups) and (
+        rng.random() < 0.3
+    ):
+        # A small in-flight budget makes the recycling kinds' admission cap bite.
+        fields["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs + 1))
+    return CacheConfig(**fields)

@@ -1,0 +1,234 @@
+"""The attention differential over traces: impl vs the float64 reference vs
+vLLM's CPU attention, and that it notices what it must notice."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+import harness.attention.layer_check as layer_check
+import harness.attention.steps as steps
+from harness.attention.differential import AttentionOptions, check_attention, wants_attention
+from harness.attention.seeded import STREAM_KEY, STREAM_QUERY, STREAM_VALUE, seeded_rows
+from harness.attention.steps import iter_batches
+from harness.backends.impl_backend import ImplBackend
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.trace import ModelShape, TraceHeader, TraceWriter, open_trace
+from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from impl.profiles import get_profile
+
+PROMPT = list(range(100, 164))  # 64 tokens: 4 blocks of 16
+HAND = textwrap.dedent(f"""\
+    header:
+      format: kvconform-trace/1
+      vllm_version: 0.32.0
+      source: hand
+      cache:
+        num_blocks: 24
+        groups: [{{block_size: 16}}, {{block_size: 16, kind: sliding_window, sliding_window: 24}}]
+      model: {{num_layers: 1, num_kv_heads: 2, head_size: 32, dtype: float16}}
+    events:
+    - {{op: add_request, req: a, prompt: {PROMPT}}}
+    - {{op: step}}
+    - {{op: lookup, req: a}}
+    - {{op: allocate, req: a, num_new_tokens: 40}}
+    - {{op: step}}
+    - {{op: allocate, req: a, num_new_tokens: 24}}
+    - {{op: append_tokens, req: a, tokens: [7]}}
+    - {{op: add_request, req: b, prompt: {PROMPT + [1, 2, 3, 4, 5]}}}
+    - {{op: step}}
+    - {{op: allocate, req: a, num_new_tokens: 1}}
+    - {{op: lookup, req: b}}
+    - {{op: allocate, req: b, num_new_tokens: 5}}
+    - {{op: append_tokens, req: a, tokens: [8]}}
+    - {{op: append_tokens, req: b, tokens: [9]}}
+    - {{op: step}}
+    - {{op: allocate, req: a, num_new_tokens: 1}}
+    - {{op: allocate, req: b, num_new_tokens: 1}}
+    - {{op: free, req: a}}
+    - {{op: free, req: b}}
+    """)
+NO_VLLM = AttentionOptions(vllm=False)
+
+
+@pytest.fixture
+def hand_trace(tmp_path):
+    path = tmp_path / "hand.yaml"
+    path.write_text(HAND)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workload_trace(tmp_path_factory):
+    """A seeded scheduler workload on a hybrid (full + sliding window) cache:
+    chunked prefill, decode, prefix hits and preemption."""
+    path = str(tmp_path_factory.mktemp("w") / "workload.jsonl")
+    profile = get_profile("0.32")
+    cache = CacheConfig(num_blocks=40, groups=(
+        GroupConfig(16), GroupConfig(16, "sliding_window", sliding_window=24)))
+    spec = WorkloadSpec(seed=1, num_requests=6, block_size=16, user_tokens=(1, 40),
+                        max_tokens=(1, 8), token_budget=40, max_running=4,
+                        system_prompt_blocks=(1, 3), num_system_prompts=2)
+    writer = TraceWriter(path, TraceHeader("0.32.0", "hand", cache,
+                                           model=ModelShape(1, 2, 32, "float16")))
+    backend = ImplBackend(cache, profile)
+    for event, answer in drive(SchedulerWorkload(spec, profile, 20).events(), backend.run):
+        writer.write(event, answer)
+    writer.close()
+    return path
+
+
+@pytest.mark.vllm
+def test_workload_trace_agrees_with_reference_and_vllm(workload_trace):
+    o = check_attention(workload_trace)
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+    assert o.num_batches > 5 and o.num_tokens > 100
+    for name in ("impl~reference", "impl~vllm", "vllm~reference"):
+        assert o.stats[name].num_elements > 0 and o.stats[name].ok
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_other_dtypes_against_the_reference(workload_trace, dtype):
+    o = check_attention(workload_trace, AttentionOptions(dtype=dtype, vllm=False,
+                                                         max_batches=4))
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+    assert o.dtype == dtype and o.stats["impl~reference"].num_elements > 0
+
+
+@pytest.mark.vllm
+def test_a_hit_longer_than_the_window_leaves_null_blocks_unread(hand_trace):
+    rows = [b.tables[1].row("b") for b in iter_batches(open_trace(hand_trace))
+            if any(s.req_id == "b" for s in b.scheduled)]
+    assert rows[0][0] == 0, "b's hit should start with the null block"
+    o = check_attention(hand_trace)
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+
+
+def _line_of(text: str) -> int:
+    return HAND.splitlines().index(text) + 1
+
+
+def test_a_wrong_output_is_the_first_divergence_with_its_request(hand_trace, monkeypatch):
+    real = layer_check.unified_attention
+
+    def off_by_a_bit(q, k, v, out, cu, *args, **kwargs):
+        real(q, k, v, out, cu, *args, **kwargs)
+        if int(cu[-1]) == 6:  # the batch of a's decode and b's 5-token prefill
+            out[3, 1, 7] += 0.05  # b's token at position 66 (rows: a, b, b, b...)
+
+    monkeypatch.setattr(layer_check, "unified_attention", off_by_a_bit)
+    o = check_attention(hand_trace, NO_VLLM)
+    d = o.divergence
+    assert o.exit_code == 1 and d.check == "impl~reference"
+    assert d.step == 2 and d.line == _line_of("- {op: allocate, req: b, num_new_tokens: 5}")
+    assert "request 'b' position 66 head 1 dim 7" in d.message
+
+
+def test_a_block_with_another_prefixs_rows_is_a_divergence(hand_trace, monkeypatch):
+    class SwappedBlocks(ImplBackend):
+        def block_table(self, req):
+            groups = super().block_table(req)
+            if req == "b":  # hand b a fresh block instead of its hit's second one
+                groups[0][1] = 20
+            return groups
+
+    monkeypatch.setattr(steps, "ImplBackend", SwappedBlocks)
+    o = check_attention(hand_trace, NO_VLLM)
+    assert o.exit_code == 1 and o.divergence.check == "prefix content"
+    assert "request 'b' position 16 (block 20)" in o.divergence.message
+
+
+def test_a_token_left_unwritten_is_a_divergence(hand_trace, monkeypatch):
+    real = layer_check.reshape_and_cache
+
+    def skip_last(k, v, kc, vc, slots, *args):
+        slots = slots.clone()
+        slots[(slots >= 0).nonzero()[-1]] = -1
+        real(k, v, kc, vc, slots, *args)
+
+    monkeypatch.setattr(layer_check, "reshape_and_cache", skip_last)
+    o = check_attention(hand_trace, NO_VLLM)
+    assert o.exit_code == 1 and o.divergence.check == "cache write"
+    assert o.divergence.step == 0
+
+
+def _write_sidecar(trace_path, sidecar_path, tamper=False):
+    """Record every batch's rows (seeded, as the engine would compute them)
+    and an output (the float64 reference, rounded) into a sidecar."""
+    from safetensors.torch import save_file
+
+    from harness.attention.reference import MirrorCache, reference_attention
+    from impl.attention_batch import build_attention_batch
+
+    tensors, meta = {}, {"num_heads": "4"}
+    mirror = MirrorCache(24, 16, 2, 32)
+    for batch in iter_batches(open_trace(trace_path)):
+        attn = build_attention_batch(batch.scheduled, batch.tables[0])
+        rows = {}
+        for stream, heads, name in ((STREAM_QUERY, 4, "query"), (STREAM_KEY, 2, "key"),
+                                    (STREAM_VALUE, 2, "value")):
+            rows[name] = torch.cat([seeded_rows(batch.hashes(s.req_id, s.positions), stream,
+                                                heads, 32, torch.float16)
+                                    for s in batch.scheduled])
+        mirror.write(rows["key"], rows["value"], attn.slot_mapping)
+        out = reference_attention(rows["query"], mirror, attn, 32 ** -0.5).to(torch.float16)
+        if tamper and batch.step == 3:
+            out[1, 2, 3] += 0.1
+        n = batch.step
+        tensors.update({f"step.{n}.{k}": v for k, v in rows.items()})
+        tensors[f"step.{n}.output"] = out
+        tensors[f"step.{n}.query_start_loc"] = attn.query_start_loc
+        meta[f"step.{n}.req_ids"] = json.dumps([s.req_id for s in batch.scheduled])
+    save_file(tensors, sidecar_path, metadata=meta)
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_recorded_tensors_are_replayed_and_their_output_checked(tmp_path, tamper):
+    # One full-attention group: the recorded output is of that layer.
+    hand = HAND.replace("  model:", "  tensors: recorded.safetensors\n  model:").replace(
+        ", {block_size: 16, kind: sliding_window, sliding_window: 24}", "")
+    trace = tmp_path / "hand.yaml"
+    trace.write_text(hand)
+    _write_sidecar(str(trace), str(tmp_path / "recorded.safetensors"), tamper)
+    o = check_attention(str(trace), NO_VLLM)
+    assert o.recorded_batches == o.num_batches == 4
+    if not tamper:
+        assert o.exit_code == 0, "\n".join(o.summary_lines())
+        query_tokens = 40 + 24 + (1 + 5) + (1 + 1)
+        assert o.stats["impl~recorded"].num_elements == query_tokens * 4 * 32
+    else:
+        assert o.exit_code == 1 and o.divergence.check == "impl~recorded"
+        assert "request 'b' position 69 head 2 dim 3" in o.divergence.message
+
+
+def test_bad_inputs_are_exit_code_2(tmp_path, hand_trace):
+    no_model = tmp_path / "no-model.yaml"
+    no_model.write_text("\n".join(l for l in HAND.splitlines() if "model:" not in l))
+    o = check_attention(str(no_model))
+    assert o.exit_code == 2 and "model" in o.error
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(HAND.replace("  model:", "  tensors: nowhere.safetensors\n  model:"))
+    o = check_attention(str(missing), NO_VLLM)
+    assert o.exit_code == 2 and "nowhere.safetensors" in o.error
+
+
+@pytest.mark.vllm
+def test_a_shape_vllms_cpu_kernels_refuse_is_checked_against_the_reference(tmp_path):
+    trace = tmp_path / "head16.yaml"
+    trace.write_text(HAND.replace("head_size: 32", "head_size: 16"))
+    o = check_attention(str(trace))
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+    assert any("refuses head_size 16" in n for n in o.notes)
+    assert "impl~vllm" not in o.stats and o.stats["impl~reference"].ok
+
+
+def test_outcome_as_json_and_which_traces_want_attention(tmp_path, hand_trace):
+    assert wants_attention(hand_trace)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("\n".join(l for l in HAND.splitlines() if "model:" not in l))
+    assert not wants_attention(str(plain)) and not wants_attention(str(tmp_path / "none"))
+    d = check_attention(hand_trace, AttentionOptions(vllm=False, max_batches=1)).as_dict()
+    json.dumps(d)
+    assert d["exit_code"] == 0 and d["batches"] == 1 and "impl~reference" in d["stats"]
+    assert d["notes"] == ["stopped at max_batches=1"]
