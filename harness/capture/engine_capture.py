@@ -2,9 +2,11 @@
 
 The engine is vLLM's own `LLM` (model runner, CPU attention, scheduler, output
 processing), built from a locally written tiny Qwen2 config with dummy weights
-and no tokenizer; prompts are token ids. The preset's synthetic traffic is
-fed through `LLMEngine.add_request` / `step()` so that turns continue the
-model's real answers. The scheduler's KV cache manager is recorded:
+and no tokenizer (or, with a sliding window, a tiny Llama whose layers
+alternate sliding-window and full attention: two KV cache groups); prompts
+are token ids. The preset's synthetic traffic is fed through
+`LLMEngine.add_request` / `step()` so that turns continue the model's real
+answers. The scheduler's KV cache manager is recorded:
 
 - in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): instrumented directly, and
   optionally one layer's attention tensors go to a safetensors sidecar;
@@ -12,7 +14,8 @@ model's real answers. The scheduler's KV cache manager is recorded:
   (into a session folder), and the parts are joined into the trace.
 
 vLLM 0.32's CPU attention needs block sizes that are multiples of 32, so the
-preset's pool is re-cut into 32-token (or larger) blocks of the same capacity.
+preset's pool is re-cut into 32-token (or larger) blocks of the same capacity
+(for a hybrid model, that capacity for each of its two groups).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class EngineOptions:
     tensor_steps: int = 16
     block_size: int = 32
     free_queue_checkpoints: bool = True
+    # A hybrid model: sliding-window layers with this window mixed with full
+    # attention layers (two KV cache groups); None: full attention only.
+    sliding_window: int | None = None
 
 
 @contextmanager
@@ -61,16 +67,40 @@ def _env(**values: str):
                 os.environ[k] = v
 
 
-def engine_preset(preset: Preset, block_size: int) -> Preset:
-    """The preset with its pool re-cut into `block_size`-token blocks."""
+def engine_preset(preset: Preset, block_size: int,
+                  sliding_window: int | None = None) -> Preset:
+    """The preset with its pool re-cut into `block_size`-token blocks.
+
+    With `sliding_window` (a hybrid model: a full-attention and a
+    sliding-window group sharing the pool), the pool holds the preset's
+    capacity once per group, and max_model_len is capped at what vLLM's
+    startup check admits: one request of max_model_len needs
+    cdiv(max_model_len, bs) full-attention blocks plus its sliding-window
+    admission cap, cdiv(min(window - 1 + in_flight, max_model_len), bs) + 1,
+    out of the pool less the null block (in_flight: one max_num_batched_tokens
+    per concurrent batch, at most 2 on one CPU worker).
+    """
     if block_size % 32:
         raise EngineEnvironmentError(f"block size {block_size}: vLLM's CPU attention needs "
                                      "a multiple of 32")
     e = preset.engine
     capacity = (e.num_blocks - 1) * e.block_size
-    num_blocks = math.ceil(capacity / block_size) + 1
-    # The engine refuses a max_model_len its pool cannot hold once.
-    max_model_len = min(e.max_model_len, (num_blocks - 1) * block_size)
+    usable = math.ceil(capacity / block_size)
+    if sliding_window is None:
+        num_blocks = usable + 1
+        # The engine refuses a max_model_len its pool cannot hold once.
+        max_model_len = min(e.max_model_len, usable * block_size)
+    else:
+        if sliding_window < 1:
+            raise EngineEnvironmentError(f"sliding window {sliding_window}: must be >= 1")
+        num_blocks = 2 * usable + 1
+        in_flight = 2 * e.max_num_batched_tokens
+        max_model_len = min(e.max_model_len, usable * block_size)
+        while max_model_len > block_size and (
+                math.ceil(max_model_len / block_size)
+                + math.ceil(min(sliding_window - 1 + in_flight, max_model_len) / block_size)
+                + 1 > num_blocks - 1):
+            max_model_len -= block_size
     return replace(preset, engine=replace(e, block_size=block_size, num_blocks=num_blocks,
                                           max_model_len=max_model_len))
 
@@ -82,11 +112,18 @@ def _plugin_registered() -> bool:
                for ep in entry_points(group="vllm.general_plugins"))
 
 
-def build_llm(preset: Preset, model_dir: str):
+def build_llm(preset: Preset, model_dir: str, hybrid: bool = False):
     from vllm import LLM
-    from vllm.config import KVEventsConfig
+    from vllm.config import CacheConfig, KVEventsConfig
 
     e = preset.engine
+    extra = {}
+    if hybrid and "prefix_cache_retention_interval" in getattr(
+            CacheConfig, "__dataclass_fields__", {}):
+        # 0.32's default (0) caches a sliding-window group's blocks only at
+        # the prompt's replay boundaries and shared-prefix junctions; traces
+        # (and impl) carry dense retention (None): header.py refuses the rest.
+        extra["prefix_cache_retention_interval"] = None
     return LLM(
         model=model_dir,
         load_format="dummy",
@@ -105,6 +142,7 @@ def build_llm(preset: Preset, model_dir: str):
         prefix_caching_hash_algo=e.hash_algo,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=e.kv_events, publisher="null"),
         disable_log_stats=not e.log_stats,
+        **extra,
     )
 
 
@@ -161,7 +199,7 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
     """Run the preset's traffic through a tiny real engine; write the trace to `out`."""
     import logging
 
-    preset = engine_preset(preset, options.block_size)
+    preset = engine_preset(preset, options.block_size, options.sliding_window)
     if options.tensors and options.multiprocess:
         raise EngineEnvironmentError("attention tensors need the engine core in this "
                                      "process (leave out --multiprocess)")
@@ -169,7 +207,8 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
         raise EngineEnvironmentError(
             "the kvconform vLLM plugin is not registered (pip install -e . registers the "
             "vllm.general_plugins entry point); the engine core process records through it")
-    model_dir = TinyModel(vocab_size=max(preset.requests.vocab, 16)).write()
+    model = _tiny_model(preset, options)
+    model_dir = model.write()
     session_root = tempfile.mkdtemp(prefix="kvconform-engine-")
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocess else "0",
@@ -181,19 +220,20 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
 
         env.update({plugin.ENV_DIR: session_root, plugin.ENV_SOURCE: "engine",
                     plugin.ENV_FREE_QUEUE: "1" if options.free_queue_checkpoints else "0",
-                    plugin.ENV_DESCRIPTION: _description(preset) + ", engine core in its own "
-                    "process, recorded by the kvconform plugin"})
+                    plugin.ENV_DESCRIPTION: _description(preset, model) + ", engine core in "
+                    "its own process, recorded by the kvconform plugin"})
     logging.getLogger("vllm").setLevel(logging.ERROR)
     with ExitStack() as stack:
         stack.enter_context(_env(**env))
         stack.enter_context(hash_seed_env(preset.engine.hash_seed))
-        llm = build_llm(preset, model_dir)
+        llm = build_llm(preset, model_dir, hybrid=options.sliding_window is not None)
         try:
             if options.multiprocess:
                 num_requests = drive(llm.llm_engine, preset, progress)
                 recorder = None
             else:
-                recorder, writer, tensors = _record_in_process(llm, preset, out, options)
+                recorder, writer, tensors = _record_in_process(llm, preset, model, out,
+                                                               options)
                 try:
                     num_requests = drive(llm.llm_engine, preset, progress)
                     recorder.final_checkpoint()
@@ -228,9 +268,16 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
     return CaptureResult(out, n, -1, num_requests)
 
 
-def _description(preset: Preset) -> str:
-    return (f"tiny vLLM engine on CPU (random Qwen2, {preset.engine.num_blocks} blocks of "
-            f"{preset.engine.block_size}), traffic of workload preset '{preset.name}' "
+def _tiny_model(preset: Preset, options: EngineOptions) -> TinyModel:
+    vocab = max(preset.requests.vocab, 16)
+    if options.sliding_window is None:
+        return TinyModel(vocab_size=vocab)
+    return TinyModel.hybrid(options.sliding_window, vocab_size=vocab)
+
+
+def _description(preset: Preset, model: TinyModel) -> str:
+    return (f"tiny vLLM engine on CPU ({model.describe()}, {preset.engine.num_blocks} "
+            f"blocks of {preset.engine.block_size}), traffic of workload preset '{preset.name}' "
             f"({preset.kind})")
 
 
@@ -241,7 +288,8 @@ def _sidecar_name(out: str) -> str:
     return f"{name}.safetensors"
 
 
-def _record_in_process(llm, preset: Preset, out: str, options: EngineOptions):
+def _record_in_process(llm, preset: Preset, model: TinyModel, out: str,
+                       options: EngineOptions):
     from harness.capture.attention_tensors import AttentionTensorCapture
     from harness.capture.header import header_of
     from harness.capture.recorder import Recorder, instrument
@@ -256,7 +304,7 @@ def _record_in_process(llm, preset: Preset, out: str, options: EngineOptions):
             options.tensor_layer, options.tensor_steps,
             req_ids=lambda: list(runner.input_batch.req_ids))
         tensors.install()
-    header = header_of(scheduler, "engine", _description(preset), with_model=True,
+    header = header_of(scheduler, "engine", _description(preset, model), with_model=True,
                        tensors=_sidecar_name(out) if tensors is not None else None)
     writer = JsonlSink(out, header)
     recorder = Recorder(writer, header.cache.hash_block_size,

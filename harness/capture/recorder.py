@@ -309,6 +309,16 @@ class Recorder:
             self.sink.write({"op": "checkpoint", "fields": ["events"],
                              "answer": {"events": _events_json(events)}})
 
+    def on_block_copies(self, copies) -> None:
+        # take_kv_cache_block_copies drains the copy-on-write copies that hits
+        # ending inside a block queued (0.32 hybrid models whose hash block is
+        # smaller than a group's block); the scheduler frees the blocks they
+        # retained at once (deferred only with a KV connector, which the
+        # recorder refuses). An empty drain changes nothing and is left out.
+        if copies:
+            self.sink.write({"op": "take_block_copies", "answer": {
+                "copies": [[c.src_block_id, c.dst_block_id] for c in copies]}})
+
     def on_stats(self, stats) -> None:
         out = _stats_json(stats)
         if out is not None and any(out.values()):
@@ -478,6 +488,13 @@ def _recording_class(base: type) -> type:
             r.call(r.on_take_events, events)
         return events
 
+    def take_kv_cache_block_copies(self):
+        out = base.take_kv_cache_block_copies(self)
+        r = rec_of(self)
+        if r is not None:
+            r.call(r.on_block_copies, out[0])
+        return out
+
     def make_prefix_cache_stats(self):
         stats = base.make_prefix_cache_stats(self)
         r = rec_of(self)
@@ -506,6 +523,8 @@ def _recording_class(base: type) -> type:
     )
     if hasattr(base, "record_prefix_cache_stats"):
         ns["record_prefix_cache_stats"] = record_prefix_cache_stats
+    if hasattr(base, "take_kv_cache_block_copies"):  # 0.32+
+        ns["take_kv_cache_block_copies"] = take_kv_cache_block_copies
     for name in _CONNECTOR_ONLY:
         if hasattr(base, name):
             ns[name] = _refusing(base, name)

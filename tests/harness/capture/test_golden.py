@@ -45,3 +45,12 @@ def test_the_tensor_sidecar_is_where_the_header_says():
             assert len(json.loads(meta[f"step.{step}.req_ids"])) == qsl.shape[0] - 1
             assert int(qsl[-1]) == q.shape[0]
     assert sidecars == 1
+
+
+def test_a_hybrid_engine_trace_with_a_sliding_window_group():
+    """issue 6: a multi-group trace captured from the tiny real engine."""
+    hybrid = [h for h in (open_trace(p).header for p in find_traces([str(GOLDEN / "v0.32")]))
+              if h.source == "engine" and len(h.cache.groups) > 1]
+    assert hybrid, "no multi-group engine trace under traces/golden/v0.32"
+    kinds = {g.kind for h in hybrid for g in h.cache.groups}
+    assert {"sliding_window", "full_attention"} <= kinds
