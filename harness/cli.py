@@ -1,39 +1,37 @@
-"""`kvconform`: the command line (DESIGN.md §6).
+"""`kvconform`: the command line (specs/ARCHITECTURE.md).
 
-Exit codes for every verb: 0 conformant, 1 a divergence, 2 bad input or usage,
-3 the environment is wrong (vLLM missing, or a version with no profile). Over
-several traces the worst code wins (3 > 2 > 1 > 0); every trace is still run
-and reported.
+Exit codes for every verb are harness/exit_codes.py's: 0 conformant, 1 a
+divergence, 2 bad input or usage, 3 the environment is wrong (vLLM missing, or
+a version with no profile). Over several traces `worst()` decides; every trace
+is still run and reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 2, in one line
-        print(f"kvconform: {message} (see kvconform --help)", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-
-def _worst(codes: list[int]) -> int:
-    return max(codes, default=EXIT_OK)
+from harness.cli_support import (
+    Parser,
+    check_vllm,
+    fail,
+    print_error,
+    print_outcome,
+    run_verb,
+)
+from harness.exit_codes import ExitCode, worst
 
 
 def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
     from harness.replay import check_trace
-    from harness.report import format_divergence, format_outcome_line, outcome_json
+    from harness.report import outcome_json
     from harness.trace import find_traces
 
     paths = find_traces(args.traces)
     if not paths:
-        print(f"kvconform: no traces under {' '.join(args.traces)}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(f"no traces under {' '.join(args.traces)}")
     explicit = set(args.traces)
     results, codes = [], []
     progress = not args.json
@@ -42,13 +40,13 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
         o = check_trace(path, backends, progress=progress, explicit=path in explicit,
                         check_invariants=args.check_invariants)
         codes.append(o.exit_code)
-        if o.error is not None:
-            print(str(o.error), file=sys.stderr)
-        result = outcome_json(o) if args.json else None
-        if not args.json:
-            print(format_outcome_line(o))
-            if o.divergence is not None:
-                print(format_divergence(o))
+        result = None
+        if args.json:
+            if o.error is not None:
+                print_error(o.error)
+            result = outcome_json(o)
+        else:
+            print_outcome(o)
         if attention and o.exit_code == 0 and o.skipped is None:
             a = _check_attention(path, args)
             if a is not None:
@@ -63,7 +61,7 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
             results.append(result)
     if args.json:
         print(json.dumps(results, indent=1))
-    return _worst(codes)
+    return worst(codes)
 
 
 def _check_attention(path: str, args: argparse.Namespace):
@@ -90,32 +88,26 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 def _cmd_record(args: argparse.Namespace) -> int:
     from harness.replay import check_trace
-    from harness.report import format_divergence, format_outcome_line
 
+    if (code := check_vllm()) is not None:
+        return code
     o = check_trace(args.input, ["vllm"], progress=True, writer_path=args.out)
     if o.error is not None:
-        print(str(o.error), file=sys.stderr)
-        return o.exit_code
-    print(format_outcome_line(o))
-    if o.divergence is not None:
-        # The input carried answers or expectations that vLLM contradicts.
-        print(format_divergence(o))
-    return o.exit_code
+        return print_error(o.error)
+    # A divergence: the input carried answers or expectations vLLM contradicts.
+    return print_outcome(o)
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
-    from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
+    from harness.backends.vllm_backend import installed_vllm_profile
     from harness.fuzz.campaign import fuzz, progress_reporter
     from harness.fuzz.faults import FAULTS
     from harness.fuzz.generate import FuzzConfig
 
     if args.seconds <= 0 or args.max_ops < 1:
-        print("kvconform: --seconds and --max-ops must be positive", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("--seconds and --max-ops must be positive")
     if args.inject_fault is not None and args.inject_fault not in FAULTS:
-        print(f"kvconform: unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})")
     fuzz_config = FuzzConfig()
     if args.config is not None:
         try:
@@ -124,13 +116,10 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
             with open(args.config) as f:
                 fuzz_config = FuzzConfig.from_dict(yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
-            print(f"kvconform: {args.config}: {e}".replace("\n", " "), file=sys.stderr)
-            return EXIT_USAGE
-    try:
-        profile = installed_vllm_profile()
-    except EnvironmentProblem as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return EXIT_ENV
+            return fail(f"{args.config}: {e}")
+    if (code := check_vllm()) is not None:
+        return code
+    profile = installed_vllm_profile()
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops, fuzz_config,
                   args.inject_fault, progress_reporter())
     if sys.stderr.isatty():
@@ -141,13 +130,13 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     f = result.finding
     if f is None:
         print("no divergence")
-        return EXIT_OK
+        return ExitCode.OK
     print(f"DIVERGENCE in case {f.case}, shrunk from {f.num_calls_before} to {f.num_calls} "
           f"calls, written to {f.path}")
     print(f.divergence.describe())
     flag = "--check-invariants " if "invariant violated" in str(f.divergence.answers) else ""
     print(f"replay it: kvconform replay {flag}{f.path}   (or: kvconform diff {flag}{f.path})")
-    return EXIT_DIVERGED
+    return ExitCode.DIVERGED
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -157,8 +146,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     paths = find_traces(args.traces)
     if not paths:
-        print(f"kvconform: no traces under {' '.join(args.traces)}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(f"no traces under {' '.join(args.traces)}")
     backends = ["vllm", "impl"] if args.diff else ["impl"]
     codes = []
     for path in paths:
@@ -168,15 +156,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
         written = write_report(o, args.out)
         print(f"{path}: {', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
         codes.append(o.exit_code)
-    return _worst(codes)
+    return worst(codes)
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
     from harness.gate import default_paths, run_gate
 
     if args.fuzz_seconds < 0:
-        print("kvconform: --fuzz-seconds must be >= 0", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("--fuzz-seconds must be >= 0")
     return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
                     args.fuzz_out, args.junit, args.summary, args.jobs)
 
@@ -187,10 +174,38 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     return conform.main()
 
 
+def _cmd_anonymize(args: argparse.Namespace) -> int:
+    from harness.anonymize import AnonymizeError, anonymize, resolve_key
+    from harness.replay import check_trace
+    from harness.trace import TraceError
+
+    if not args.out.endswith(".jsonl"):
+        return fail(f"{args.out}: anonymised traces are written as .jsonl")
+    if args.rehash and (code := check_vllm()) is not None:
+        return code
+    try:
+        key = resolve_key(args.key)
+        target = args.out if not args.rehash else f"{args.out}.unhashed.jsonl"
+        n = anonymize(args.input, target, key, args.vocab)
+    except AnonymizeError as e:
+        return fail(str(e))
+    except TraceError as e:
+        return print_error(e)
+    if args.rehash:
+        o = check_trace(target, ["vllm"], writer_path=args.out, explicit=True)
+        os.remove(target)
+        if o.error is not None or o.divergence is not None:
+            return print_outcome(o)
+    print(f"{args.out}: {n} events anonymised"
+          + (" (hashes and KV events recorded anew by the installed vLLM)" if args.rehash
+             else " (token-dependent answers dropped: see specs/CAPTURE.md)"))
+    return ExitCode.OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvconform",
-                     description="Conformance harness for vLLM's v1 KV cache manager.")
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    parser = Parser(prog="kvconform",
+                    description="Conformance harness for vLLM's v1 KV cache manager.")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
 
     p = sub.add_parser("replay", help="run traces through a backend and check their answers")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
@@ -260,7 +275,22 @@ def build_parser() -> argparse.ArgumentParser:
                        "impl vs the installed vLLM, as a table")
     p.set_defaults(func=_cmd_conform)
 
-    # capture (scheduler, tiny engine, server plugin, KV events) and anonymize.
+    p = sub.add_parser(
+        "anonymize", help="keyed, prefix-preserving remap of a trace's token ids",
+        description="Rewrite token ids with a keyed bijection that keeps prefix sharing, "
+        "block boundaries and hits (and replaces request ids, salts, LoRA and multimodal "
+        "names). Token-dependent answers (block hashes, KV events) are dropped, or "
+        "recorded anew from the installed vLLM with --rehash.")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("--out", required=True, metavar="OUT", help="the anonymised trace (.jsonl)")
+    p.add_argument("--key", help="the secret (default: the KVCONFORM_ANON_KEY variable)")
+    p.add_argument("--vocab", type=int, help="token ids stay below this (default: one past "
+                   "the trace's largest)")
+    p.add_argument("--rehash", action="store_true",
+                   help="record hashes and KV events anew with the installed vLLM")
+    p.set_defaults(func=_cmd_anonymize)
+
+    # capture (scheduler, tiny engine, server plugin, KV events).
     from harness.capture.cli import register as register_capture
 
     register_capture(sub)
@@ -269,10 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        return 130
+    return run_verb(args.func, args)
 
 
 if __name__ == "__main__":

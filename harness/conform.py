@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.backends.impl_backend import ImplBackend
-from harness.backends.vllm_backend import EnvironmentProblem, VllmBackend, installed_vllm_profile
+from harness.backends.vllm_backend import VllmBackend, installed_vllm_profile
 from harness.cache_config import CacheConfig, GroupConfig
+from harness.exit_codes import ExitCode, worst
 from harness.lockstep import run_lockstep
 from harness.replay import check_trace
 from harness.report import format_divergence
@@ -30,7 +31,6 @@ from harness.trace import find_traces
 from harness.workload import SchedulerWorkload, WorkloadSpec
 from impl.profiles import VersionProfile
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"
 
 
@@ -88,7 +88,7 @@ class CaseResult:
     num_events: int
     seconds: float
     problem: str | None  # None = conformant
-    exit_code: int = EXIT_OK
+    exit_code: ExitCode = ExitCode.OK
 
 
 def run_trace(path: str) -> CaseResult:
@@ -112,7 +112,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile) -> CaseResult:
     )
     problem = None if result.divergence is None else result.divergence.describe()
     return CaseResult(case.name, "lockstep", result.num_events, time.perf_counter() - t0,
-                      problem, EXIT_OK if problem is None else EXIT_DIVERGED)
+                      problem, ExitCode.OK if problem is None else ExitCode.DIVERGED)
 
 
 def format_table(results: list[CaseResult]) -> str:
@@ -121,7 +121,7 @@ def format_table(results: list[CaseResult]) -> str:
              f"{'-' * width}  {'-' * 12}  {'-' * 7}  {'-' * 7}  {'-' * 10}"]
     for r in results:
         verdict = "conformant" if r.problem is None else (
-            "DIVERGED" if r.exit_code == EXIT_DIVERGED else "ERROR")
+            "DIVERGED" if r.exit_code == ExitCode.DIVERGED else "ERROR")
         lines.append(f"{r.name:<{width}}  {r.mode:<12}  {r.num_events:>7}  {r.seconds:>7.2f}  "
                      f"{verdict}")
     total = sum(r.num_events for r in results)
@@ -131,11 +131,11 @@ def format_table(results: list[CaseResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        profile = installed_vllm_profile()
-    except EnvironmentProblem as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return EXIT_ENV
+    from harness.cli_support import check_vllm
+
+    if (code := check_vllm()) is not None:
+        return code
+    profile = installed_vllm_profile()
     cases: list[tuple[str, Callable[[], CaseResult]]] = [
         (p, lambda p=p: run_trace(p)) for p in find_traces([str(TRACES_DIR)])
     ] + [(c.name, lambda c=c: run_workload(c, profile)) for c in WORKLOADS]
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.problem is not None:
             print(f"\n{r.name}:\n{r.problem}")
-    return max((r.exit_code for r in results), default=EXIT_OK)
+    return worst(r.exit_code for r in results)
 
 
 if __name__ == "__main__":

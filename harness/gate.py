@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.conform import TRACES_DIR
+from harness.exit_codes import ExitCode, worst
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,9 +55,10 @@ class _Collector:
     def pytest_runtest_logreport(self, report) -> None:
         props = dict(report.user_properties)
         if report.when == "call" or (report.failed and report.nodeid not in self.cases):
-            exit_code = props.get("kvconform_exit", 0 if report.passed else EXIT_USAGE)
+            exit_code = ExitCode(props.get(
+                "kvconform_exit", ExitCode.OK if report.passed else ExitCode.BAD_INPUT))
             if report.failed and exit_code == 0:
-                exit_code = EXIT_USAGE  # crashed before reporting: a harness error
+                exit_code = ExitCode.BAD_INPUT  # crashed before reporting: a harness error
             self.cases[report.nodeid] = GateCase(
                 report.nodeid,
                 props.get("kvconform_path", ""),
@@ -75,8 +76,8 @@ class _Collector:
 
 
 def _verdict(c: GateCase) -> str:
-    return {EXIT_OK: "conformant", EXIT_DIVERGED: "DIVERGED", EXIT_ENV: "ENVIRONMENT"}.get(
-        c.exit_code, "BAD INPUT")
+    return {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
+            ExitCode.ENVIRONMENT: "ENVIRONMENT"}.get(c.exit_code, "BAD INPUT")
 
 
 def format_table(cases: list[GateCase]) -> str:
@@ -113,17 +114,17 @@ def format_summary(cases: list[GateCase], seconds: float, vllm_version: str) -> 
 
 def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
              junit: str | None, summary: str | None, jobs: str) -> int:
-    from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_version
+    from harness.backends.vllm_backend import installed_vllm_version
+    from harness.cli_support import check_vllm, fail
 
-    try:
-        vllm_version = installed_vllm_version()
-    except EnvironmentProblem as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return EXIT_ENV
+    # Before pytest starts: a missing vLLM or a release without a profile is
+    # one line, not a failure per case.
+    if (code := check_vllm()) is not None:
+        return code
+    vllm_version = installed_vllm_version()
     for p in paths:
         if not os.path.exists(p):
-            print(f"kvconform: {p}: no such file or folder", file=sys.stderr)
-            return EXIT_USAGE
+            return fail(f"{p}: no such file or folder")
 
     import pytest
 
@@ -144,16 +145,14 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
     if collector.internal_errors or rc not in (0, 1) or not cases:
         for err in collector.internal_errors:
             print(err, file=sys.stderr)
-        print(f"kvconform: the gate could not run its cases (pytest exit {int(rc)})",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return fail(f"the gate could not run its cases (pytest exit {int(rc)})")
     print(format_table(cases))
     for c in cases:
         if c.exit_code != 0:
             print(f"\n{c.name}:\n{c.report}")
     if summary:
         Path(summary).write_text(format_summary(cases, seconds, vllm_version))
-    return max(c.exit_code for c in cases)
+    return worst(c.exit_code for c in cases)
 
 
 def default_paths() -> list[str]:

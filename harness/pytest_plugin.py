@@ -72,7 +72,7 @@ class _CaseItem(pytest.Item):
             ("kvconform_mode", result.mode),
             ("kvconform_events", result.num_events),
             ("kvconform_seconds", round(result.seconds, 3)),
-            ("kvconform_exit", result.exit_code),
+            ("kvconform_exit", int(result.exit_code)),  # xdist sends plain data
         ])
         if result.problem is not None:
             raise KVConformFailure(result.problem)
@@ -120,6 +120,7 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.conform import CaseResult
+        from harness.exit_codes import ExitCode
         from harness.fuzz.campaign import fuzz
 
         opts = self.config.option
@@ -132,7 +133,8 @@ class FuzzItem(_CaseItem):
             problem = (f"fuzz divergence in case {f.case}, shrunk to {f.num_calls} calls, "
                        f"written to {f.path}\n{f.divergence.describe()}\n"
                        f"replay it: kvconform replay {f.path}")
-        return CaseResult(self.name, mode, r.ops, r.seconds, problem, 1 if problem else 0)
+        return CaseResult(self.name, mode, r.ops, r.seconds, problem,
+                          ExitCode.OK if problem is None else ExitCode.DIVERGED)
 
     def reportinfo(self):
         return "fuzz", None, self.name

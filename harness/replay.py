@@ -26,13 +26,12 @@ from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
 from harness.diff import Divergence, check_expected, first_difference
 from harness.events import Event, EvictBlocks
+from harness.exit_codes import ExitCode
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
-from harness.trace.errors import EXIT_ENVIRONMENT
 from impl.invariants import InvariantViolation
 from impl.profiles import VersionProfile
 
-EXIT_OK, EXIT_DIVERGED = 0, 1
 RECORDED = "recorded"
 EXPECTED = "expected"
 # How many earlier related events a divergence report shows.
@@ -65,10 +64,10 @@ class TraceOutcome:
     request_index: dict[str, int] | None = None
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         if self.error is not None:
             return self.error.exit_code
-        return EXIT_DIVERGED if self.divergence is not None else EXIT_OK
+        return ExitCode.DIVERGED if self.divergence is not None else ExitCode.OK
 
 
 BackendFactory = Callable[[TraceHeader, VersionProfile, bool], Backend]
@@ -176,7 +175,7 @@ def check_trace(
             backends = [BACKENDS[n](trace.header, trace.profile, check_invariants)
                         for n in backend_names]
         except EnvironmentProblem as e:
-            raise TraceError(path, 1, "vllm_version", str(e), EXIT_ENVIRONMENT) from None
+            raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
         if writer_path is not None:
             from harness.backends.vllm_backend import installed_vllm_version
 

@@ -1,8 +1,7 @@
-"""What can go wrong while capturing, and the exit codes it maps to (DESIGN §6)."""
+"""What can go wrong while capturing (the CLI maps each to one line and an
+exit code: harness/capture/cli.py)."""
 
 from __future__ import annotations
-
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
 
 class CaptureGap(RuntimeError):

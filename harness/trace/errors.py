@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 3
+from harness.exit_codes import ExitCode
 
 
 class TraceError(Exception):
     """Bad input: `path:line: field: message`, exit code 2 (3 for a version with
     no profile, which is the environment's problem rather than the trace's)."""
 
-    def __init__(
-        self, path: str, line: int, field: str, message: str, exit_code: int = EXIT_BAD_INPUT
-    ) -> None:
+    def __init__(self, path: str, line: int, field: str, message: str,
+                 exit_code: ExitCode = ExitCode.BAD_INPUT) -> None:
         self.path = path
         self.line = line
         self.field = field

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
-from harness.trace.errors import EXIT_ENVIRONMENT, TraceError
+from harness.exit_codes import ExitCode
+from harness.trace.errors import TraceError
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
 from impl.profiles import UnsupportedVersion, VersionProfile, get_profile
 
@@ -74,7 +75,7 @@ def _profile(path: str, line: int, header: TraceHeader) -> VersionProfile:
     try:
         return get_profile(header.vllm_version)
     except UnsupportedVersion as e:
-        raise TraceError(path, line, "vllm_version", str(e), EXIT_ENVIRONMENT) from None
+        raise TraceError(path, line, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
 
 
 def _decode_line(path: str, line_no: int, raw: bytes) -> object:

@@ -65,3 +65,14 @@ def test_parallel_gate_equals_serial(tmp_path, capsys):
 
 def test_gate_on_missing_path_is_usage_error(tmp_path):
     assert run_gate([str(tmp_path / "nope")], 0, 0, str(tmp_path), None, None, "1") == 2
+
+
+def test_a_vllm_without_a_profile_is_one_line_before_any_case(tmp_path, capsys, monkeypatch):
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.9.0")
+    assert run_gate([str(SCENARIOS)], 0, 0, str(tmp_path), None, None, "1") == 3
+    out, err = capsys.readouterr()
+    assert out == ""  # pytest never started
+    assert err.strip().splitlines() == [
+        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17, 0.32)"]

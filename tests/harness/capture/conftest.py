@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,11 @@ GOLDEN = REPO / "traces" / "golden"
 
 
 def capture_cli(argv: list[str]) -> int:
-    """`kvconform capture/anonymize ...` as harness/cli.py runs it (its parser
-    exits 2 on usage errors)."""
-    from harness.capture.cli import register
+    """`kvconform capture ...` as the console script runs it (usage errors
+    raise SystemExit(2))."""
+    from harness.cli import main
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise SystemExit(2)
-
-    parser = Parser(prog="kvconform")
-    register(parser.add_subparsers(dest="verb", required=True, parser_class=Parser))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 @pytest.fixture

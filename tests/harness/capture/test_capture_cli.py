@@ -35,7 +35,8 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert capture_cli(["capture", "kv-events", "--from-stream", str(tmp_path / "none"),
                         "--out", str(tmp_path / "k.jsonl"), "--vllm-version", "0.8.0"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 5 and all(line.startswith("kvconform: ") for line in err)
+    # One line each (the unknown source's from argparse), no traceback.
+    assert len(err) == 6 and all(line.startswith("kvconform: ") for line in err)
 
 
 def test_a_saved_stream_with_a_bad_line_names_file_and_line(tmp_path, capsys):

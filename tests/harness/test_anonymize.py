@@ -4,13 +4,15 @@ trace replays with the same block ids and hits."""
 import json
 import os
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 
-from harness.capture.anonymize import Anonymizer, _Feistel
+from harness.anonymize import Anonymizer, _Feistel
+from harness.cli import main as kvconform
 from harness.replay import check_trace
 
-from .conftest import GOLDEN, capture_cli
+GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "golden"
 
 
 def _lines(path):
@@ -54,7 +56,7 @@ def test_anonymised_trace_replays_with_the_same_block_ids_and_hits(tmp_path, nam
     src = GOLDEN / name
     out = tmp_path / "anon.jsonl"
     monkeypatch.setenv("KVCONFORM_ANON_KEY", "a secret")
-    assert capture_cli(["anonymize", str(src), "--out", str(out)]) == 0
+    assert kvconform(["anonymize", str(src), "--out", str(out)]) == 0
     o = check_trace(str(out), ["impl"])
     assert o.exit_code == 0, o.divergence and o.divergence.describe()
     before, after = _lines(src), _lines(out)
@@ -79,12 +81,12 @@ def test_anonymised_trace_replays_with_the_same_block_ids_and_hits(tmp_path, nam
 def test_anonymize_needs_a_key(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KVCONFORM_ANON_KEY", raising=False)
     src = GOLDEN / "v0.32" / "few-shot.jsonl"
-    assert capture_cli(["anonymize", str(src), "--out", str(tmp_path / "a.jsonl")]) == 2
+    assert kvconform(["anonymize", str(src), "--out", str(tmp_path / "a.jsonl")]) == 2
     assert "needs a key" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "a.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{}\n")
-    assert capture_cli(["anonymize", str(bad), "--out", str(tmp_path / "a.jsonl"),
+    assert kvconform(["anonymize", str(bad), "--out", str(tmp_path / "a.jsonl"),
                         "--key", "k"]) == 2
     assert capsys.readouterr().err.startswith(f"{bad}:1: format:")
 
@@ -93,7 +95,7 @@ def test_anonymize_needs_a_key(tmp_path, capsys, monkeypatch):
 def test_rehash_records_the_dropped_answers_from_vllm(tmp_path):
     src = GOLDEN / "v0.32" / "few-shot.jsonl"
     out = tmp_path / "anon.jsonl"
-    assert capture_cli(["anonymize", str(src), "--out", str(out), "--key", "k",
+    assert kvconform(["anonymize", str(src), "--out", str(out), "--key", "k",
                         "--rehash"]) == 0
     lines = _lines(out)
     adds = [x for x in lines if x["op"] == "add_request"]
