@@ -100,12 +100,15 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
+    from harness.diff import FailureKind
     from harness.fuzz.campaign import fuzz, progress_reporter
+    from harness.report import format_failure
     from harness.fuzz.faults import FAULTS
     from harness.fuzz.generate import FuzzConfig
 
-    if args.seconds <= 0 or args.max_ops < 1:
-        return fail("--seconds and --max-ops must be positive")
+    if args.seconds <= 0 or args.max_ops < 1 or (args.max_cases is not None
+                                                  and args.max_cases < 1):
+        return fail("--seconds, --max-ops and --max-cases must be positive")
     if args.inject_fault is not None and args.inject_fault not in FAULTS:
         return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})")
     fuzz_config = FuzzConfig()
@@ -121,7 +124,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         return code
     profile = installed_vllm_profile()
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops, fuzz_config,
-                  args.inject_fault, progress_reporter())
+                  args.inject_fault, progress_reporter(), args.max_cases)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"fuzz seed {args.seed}: {result.cases} cases, {result.ops} differential ops "
@@ -131,12 +134,14 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if f is None:
         print("no divergence")
         return ExitCode.OK
-    print(f"DIVERGENCE in case {f.case}, shrunk from {f.num_calls_before} to {f.num_calls} "
+    d = f.failure
+    what = "DIVERGENCE" if d.exit_code == ExitCode.DIVERGED else "A CALL vLLM REJECTS"
+    print(f"{what} in case {f.case}, shrunk from {f.num_calls_before} to {f.num_calls} "
           f"calls, written to {f.path}")
-    print(f.divergence.describe())
-    flag = "--check-invariants " if "invariant violated" in str(f.divergence.answers) else ""
+    print(format_failure(d))
+    flag = "--check-invariants " if d.kind is FailureKind.INVARIANT else ""
     print(f"replay it: kvconform replay {flag}{f.path}   (or: kvconform diff {flag}{f.path})")
-    return ExitCode.DIVERGED
+    return d.exit_code
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -243,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="fuzz-findings", metavar="DIR",
                    help="where shrunk failing traces are written (default fuzz-findings)")
     p.add_argument("--max-ops", type=int, default=40, help="actions per case at most")
+    p.add_argument("--max-cases", type=int, metavar="N",
+                   help="stop after N cases, even if time is left (a budget that does not "
+                   "depend on the machine's speed)")
     p.add_argument("--config", metavar="FILE", help="YAML: what cases are drawn from "
                    "(block sizes, pool sizes, hash algorithms, ...; see specs/FUZZING.md)")
     p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)

@@ -76,13 +76,13 @@ def run_verb(func, args: argparse.Namespace) -> int:
 def print_outcome(o) -> ExitCode:
     """A trace's verdict as every verb prints it (a TraceOutcome): bad input
     on stderr, the verdict line and any divergence report on stdout."""
-    from harness.report import format_divergence, format_outcome_line
+    from harness.report import format_failure, format_outcome_line
 
     if o.error is not None:
         print_error(o.error)
     print(format_outcome_line(o))
     if o.divergence is not None:
-        print(format_divergence(o))
+        print(format_failure(o.divergence, o.context))
     return ExitCode(o.exit_code)
 
 

@@ -26,7 +26,7 @@ from harness.cache_config import CacheConfig, GroupConfig
 from harness.exit_codes import ExitCode, worst
 from harness.lockstep import run_lockstep
 from harness.replay import check_trace
-from harness.report import format_divergence
+from harness.report import format_failure
 from harness.trace import find_traces
 from harness.workload import SchedulerWorkload, WorkloadSpec
 from impl.profiles import VersionProfile
@@ -100,7 +100,7 @@ def run_trace(path: str) -> CaseResult:
     if o.error is not None:
         problem = str(o.error)
     elif o.divergence is not None:
-        problem = format_divergence(o)
+        problem = format_failure(o.divergence, o.context)
     return CaseResult(name, mode, o.num_events, o.seconds, problem, o.exit_code)
 
 
@@ -110,9 +110,10 @@ def run_workload(case: WorkloadCase, profile: VersionProfile) -> CaseResult:
     result = run_lockstep(
         stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
     )
-    problem = None if result.divergence is None else result.divergence.describe()
+    f = result.failure
     return CaseResult(case.name, "lockstep", result.num_events, time.perf_counter() - t0,
-                      problem, ExitCode.OK if problem is None else ExitCode.DIVERGED)
+                      None if f is None else format_failure(f),
+                      ExitCode.OK if f is None else f.exit_code)
 
 
 def format_table(results: list[CaseResult]) -> str:

@@ -1,11 +1,14 @@
-"""Comparing answers: where two observation streams first disagree."""
+"""Comparing answers: where two observation streams first disagree, and the one
+type every disagreement becomes (`Failure`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from harness.events import Event
+from harness.exit_codes import ExitCode
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:
@@ -40,22 +43,37 @@ def check_expected(answer: dict, expected: dict | None) -> str | None:
     return None
 
 
+class FailureKind(Enum):
+    # Two answers differ (or a backend raised where the reference answered).
+    DIVERGED = "diverged"
+    # impl's invariant checker (impl/invariants.py) found a broken invariant.
+    INVARIANT = "invariant violated"
+    # The reference refused the call: an exception inside it (vLLM's
+    # AssertionError on a request it does not accept) or a call the driver
+    # protocol cannot execute (BackendError: an unknown request). Bad input.
+    REJECTED = "rejected"
+
+
 @dataclass(slots=True)
-class Divergence:
-    index: int  # 0-based position of the event in the stream
+class Failure:
+    """An event that did not end with every backend (and the trace) agreeing."""
+
+    kind: FailureKind
     event: Event
-    # backend name (or "recorded" / "expected") -> its answer
+    # backend name (or "recorded" / "expected") -> its answer, or the text of
+    # what it raised.
     answers: dict[str, Any]
-    field: str
+    # The first differing field; for REJECTED the field the rejection names.
+    field: str = ""
+    index: int = 0  # 0-based position of the event in its stream
     # Where the event is, when it comes from a trace.
     path: str = ""
     line: int = 0
     record: Any = None
+    # REJECTED: who refused it, and why (one line).
+    backend: str = ""
+    message: str = ""
 
-    def describe(self) -> str:
-        where = f"{self.path}:{self.line}: " if self.path else ""
-        lines = [f"{where}event #{self.index} {self.event.kind}: {self.event!r}",
-                 f"  first differing field: {self.field or '(whole answer)'}"]
-        for name, answer in self.answers.items():
-            lines.append(f"  {name:>8}: {answer}")
-        return "\n".join(lines)
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.BAD_INPUT if self.kind is FailureKind.REJECTED else ExitCode.DIVERGED

@@ -1,20 +1,84 @@
-"""Run the same events through several backends in lockstep, comparing answers."""
+"""One event on every backend: the step every run of the harness is made of.
+
+`run_event(event, reference, others)` executes the event on the reference
+backend, then on each other backend, and compares. It returns either the
+reference's answer (a dict: every backend gave the same one) or a Failure
+(harness/diff.py), whatever happened:
+
+- an answer that differs from the reference's            -> DIVERGED
+- an exception in another backend where the reference answered -> DIVERGED
+- impl's InvariantViolation (ImplBackend(check=True))     -> INVARIANT
+- BackendError in the reference (the driver protocol cannot execute the
+  call: an unknown request)                               -> REJECTED
+- any other exception in the reference (vLLM's AssertionError for a call it
+  does not accept, impl's ValueError)                      -> REJECTED
+
+replay/diff/record (harness/replay.py), the seeded workloads (run_lockstep
+below) and the fuzz driver (harness/fuzz/driver.py) all run their events
+through it. The path where every backend agrees allocates nothing beyond what
+the backends return: no per-event objects, no copies of the answers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.backends.base import Backend
-from harness.diff import Divergence, first_difference
+from harness.backends.base import Backend, BackendError
+from harness.diff import Failure, FailureKind, first_difference
 from harness.events import Event
-from harness.workload import EventStream, drive
+from harness.workload import EventStream
+from impl.invariants import InvariantViolation
+
+# How a backend is named in a one-line rejection.
+_TITLES = {"vllm": "vLLM"}
+
+
+def _raised(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _rejected(event: Event, backend: Backend, e: Exception) -> Failure:
+    if isinstance(e, BackendError):
+        message, field = str(e), e.field
+    else:
+        title = _TITLES.get(backend.name, backend.name)
+        message, field = f"{title} rejects this: {_raised(e)}", event.kind
+    return Failure(FailureKind.REJECTED, event, {backend.name: message}, field,
+                   backend=backend.name, message=message)
+
+
+def _invariant(event: Event, answers: dict, backend: Backend, e: InvariantViolation) -> Failure:
+    answers[backend.name] = f"invariant violated: {e}"
+    return Failure(FailureKind.INVARIANT, event, answers)
+
+
+def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> dict | Failure:
+    """Run one event on the reference and every other backend; the agreed
+    answer, or the Failure that ends the run."""
+    try:
+        answer = reference.run(event)
+    except InvariantViolation as e:
+        return _invariant(event, {}, reference, e)
+    except Exception as e:  # noqa: BLE001 - whatever the reference raises is its verdict
+        return _rejected(event, reference, e)
+    for other in others:
+        try:
+            theirs = other.run(event)
+        except InvariantViolation as e:
+            return _invariant(event, {reference.name: answer}, other, e)
+        except Exception as e:  # noqa: BLE001 - the reference answered; this one did not
+            theirs = _raised(e)
+        if theirs != answer:
+            return Failure(FailureKind.DIVERGED, event, {reference.name: answer, other.name: theirs},
+                           first_difference(answer, theirs) or "")
+    return answer
 
 
 @dataclass(slots=True)
 class LockstepResult:
     num_events: int
-    divergence: Divergence | None
+    failure: Failure | None
 
 
 def run_lockstep(
@@ -22,34 +86,34 @@ def run_lockstep(
     backends: list[Backend],
     on_event: Callable[[int], None] | None = None,
 ) -> LockstepResult:
-    """Execute every event on every backend; stop at the first disagreement.
+    """Run every event of `source` through run_event; stop at the first Failure.
 
-    A workload generator is driven by the first backend's answers (put the
-    reference first); a plain iterable of events is just replayed.
+    A workload generator (harness/workload.py) is sent each agreed answer, as a
+    scheduler reads the answer before its next call; a plain iterable of events
+    is just replayed.
     """
-    reference, others = backends[0], backends[1:]
+    reference, others = backends[0], tuple(backends[1:])
     n = 0
-
-    def run_all(event: Event) -> dict:
-        return reference.run(event)
-
     if hasattr(source, "send"):
-        pairs = drive(source, run_all)
-    else:
-        pairs = ((e, reference.run(e)) for e in source)
-    for n, (event, answer) in enumerate(pairs, 1):
-        for other in others:
-            theirs = other.run(event)
-            if theirs != answer:
-                return LockstepResult(
-                    n,
-                    Divergence(
-                        n - 1,
-                        event,
-                        {reference.name: answer, other.name: theirs},
-                        first_difference(answer, theirs) or "",
-                    ),
-                )
+        try:
+            event = next(source)
+            while True:
+                answer = run_event(event, reference, others)
+                if answer.__class__ is Failure:
+                    answer.index = n
+                    return LockstepResult(n + 1, answer)
+                n += 1
+                if on_event is not None:
+                    on_event(n)
+                event = source.send(answer)
+        except StopIteration:
+            return LockstepResult(n, None)
+    for event in source:
+        answer = run_event(event, reference, others)
+        if answer.__class__ is Failure:
+            answer.index = n
+            return LockstepResult(n + 1, answer)
+        n += 1
         if on_event is not None:
             on_event(n)
     return LockstepResult(n, None)

@@ -122,6 +122,7 @@ class FuzzItem(_CaseItem):
         from harness.conform import CaseResult
         from harness.exit_codes import ExitCode
         from harness.fuzz.campaign import fuzz
+        from harness.report import format_failure
 
         opts = self.config.option
         r = fuzz(installed_vllm_profile(), opts.kvconform_fuzz_seconds,
@@ -131,10 +132,10 @@ class FuzzItem(_CaseItem):
         if r.finding is not None:
             f = r.finding
             problem = (f"fuzz divergence in case {f.case}, shrunk to {f.num_calls} calls, "
-                       f"written to {f.path}\n{f.divergence.describe()}\n"
+                       f"written to {f.path}\n{format_failure(f.failure)}\n"
                        f"replay it: kvconform replay {f.path}")
         return CaseResult(self.name, mode, r.ops, r.seconds, problem,
-                          ExitCode.OK if problem is None else ExitCode.DIVERGED)
+                          ExitCode.OK if problem is None else r.finding.failure.exit_code)
 
     def reportinfo(self):
         return "fuzz", None, self.name

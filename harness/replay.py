@@ -7,6 +7,11 @@
 - record: the installed vLLM answers an input-only trace; a copy with the answers
   is written.
 
+Each event goes through harness/lockstep.run_event. A call the reference
+backend rejects (vLLM raises on it) is bad input: one line `file:line: field:
+vLLM rejects this: ...`, exit 2, unless the trace recorded an answer for it
+(then the backend diverges from the vLLM that answered).
+
 On the first divergence the trace is run again up to the event before it, to
 observe the context a report needs (the blocks involved before and after, the
 earlier events that touched the same request or blocks); the hot path keeps no
@@ -21,15 +26,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.backends.base import Backend, BackendError
+from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
-from harness.diff import Divergence, check_expected, first_difference
+from harness.diff import Failure, FailureKind, check_expected, first_difference
 from harness.events import Event, EvictBlocks
 from harness.exit_codes import ExitCode
+from harness.lockstep import run_event
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
-from impl.invariants import InvariantViolation
 from impl.profiles import VersionProfile
 
 RECORDED = "recorded"
@@ -52,7 +57,7 @@ class TraceOutcome:
     num_events: int = 0
     seconds: float = 0.0  # all of it, backend construction included
     run_seconds: float = 0.0  # executing the events only
-    divergence: Divergence | None = None
+    divergence: Failure | None = None  # DIVERGED or INVARIANT
     context: DivergenceContext | None = None
     error: TraceError | None = None
     skipped: str | None = None
@@ -129,17 +134,34 @@ def _context(
     req = getattr(record.event, "req", None)
     wanted = set(blocks)
     related: deque = deque(maxlen=RELATED_EVENTS)
+    reference, others = backends[0], tuple(backends[1:])
     for rec in trace.records:
         if rec.line >= divergence_line:
             break
-        answer = None
-        for b in backends:
-            answer = b.run(rec.event)
+        answer = run_event(rec.event, reference, others)
+        if answer.__class__ is Failure:  # cannot happen before the first failure
+            break
         if _touches(rec.event, answer, req, wanted):
             related.append({"line": rec.line, "event": event_to_dict(rec.event),
                             "answer": answer})
     before = {b.name: [b.block_state(i) for i in blocks] for b in backends}
     return DivergenceContext(blocks, before, after, list(related))
+
+
+def _build(path: str, trace: Trace, names: list[str], check_invariants: bool) -> list[Backend]:
+    """The named backends for the trace's cache config; a config a backend
+    refuses to build is bad input, one line naming the header."""
+    backends = []
+    for name in names:
+        try:
+            backends.append(BACKENDS[name](trace.header, trace.profile, check_invariants))
+        except EnvironmentProblem:
+            raise
+        except Exception as e:  # noqa: BLE001 - the backend's own verdict on the config
+            title = "vLLM" if name == "vllm" else name
+            raise TraceError(path, 1, "cache", f"{title} rejects this: {type(e).__name__}: {e}"
+                             ) from None
+    return backends
 
 
 def check_trace(
@@ -172,8 +194,7 @@ def check_trace(
                     outcome.skipped = (f"recorded for vLLM {trace.header.vllm_version}; "
                                        f"the installed vLLM has profile {installed.name}")
                     return outcome
-            backends = [BACKENDS[n](trace.header, trace.profile, check_invariants)
-                        for n in backend_names]
+            backends = _build(path, trace, backend_names, check_invariants)
         except EnvironmentProblem as e:
             raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
         if writer_path is not None:
@@ -220,44 +241,31 @@ def _progress(trace: Trace):
 
 def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
          writer: TraceWriter | None, bar) -> int:
-    path = trace.path
-    reference, others = backends[0], backends[1:]
+    """The events through run_event, each agreed answer checked against the
+    trace's recorded answer and expectations; stops at the first failure."""
+    reference, others = backends[0], tuple(backends[1:])
     timeline, request_index = outcome.pool_timeline, outcome.request_index
     n = 0
     last_bytes = 0
     for record in trace.records:
         n += 1
-        event = record.event
-        try:
-            answer = reference.run(event)
-            theirs = [(b.name, b.run(event)) for b in others]
-            if timeline is not None:
-                timeline.append((record.line, event.kind, reference.pool_codes(request_index)))
-        except InvariantViolation as e:
-            outcome.divergence = _divergence(path, n, record, {
-                RECORDED: record.answer, "impl": f"invariant violated: {e}"})
+        answer = run_event(record.event, reference, others)
+        if answer.__class__ is Failure:
+            _stop(trace.path, n, record, answer, outcome)
             return n
-        except BackendError as e:
-            raise TraceError(path, record.line, "op", str(e)) from None
-        except ValueError as e:  # the manager refuses the call itself
-            raise TraceError(path, record.line, event.kind, f"{type(e).__name__}: {e}") from None
-        for name, other in theirs:
-            if other != answer:
-                outcome.divergence = _divergence(path, n, record, {reference.name: answer,
-                                                                   name: other})
-                return n
-        if record.answer is not None and record.answer != answer:
-            outcome.divergence = _divergence(path, n, record, {RECORDED: record.answer,
-                                                               reference.name: answer})
+        recorded = record.answer
+        if recorded is not None and recorded != answer:
+            outcome.divergence = _divergence(trace.path, n, record, {RECORDED: recorded,
+                                                                     reference.name: answer})
             return n
-        if record.expect is not None:
-            err = check_expected(answer, record.expect)
-            if err is not None:
-                outcome.divergence = _divergence(path, n, record, {EXPECTED: record.expect,
-                                                                   reference.name: answer})
-                return n
+        if record.expect is not None and check_expected(answer, record.expect) is not None:
+            outcome.divergence = _divergence(trace.path, n, record, {EXPECTED: record.expect,
+                                                                     reference.name: answer})
+            return n
         if writer is not None:
-            writer.write(event, answer, record.expect, record.note)
+            writer.write(record.event, answer, record.expect, record.note)
+        if timeline is not None:
+            timeline.append((record.line, record.event.kind, reference.pool_codes(request_index)))
         if bar is not None and n % 4096 == 0:
             done = trace.bytes_read()
             bar.update(done - last_bytes)
@@ -267,16 +275,39 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
     return n
 
 
-def _divergence(path: str, n: int, record: TraceRecord, answers: dict) -> Divergence:
+def _stop(path: str, n: int, record: TraceRecord, failure: Failure,
+          outcome: TraceOutcome) -> None:
+    """A failure of run_event, placed in the trace. A rejection is bad input
+    (one line), unless the trace recorded an answer for the call: then the
+    backend that refused it diverges from the vLLM that answered it."""
+    recorded = record.answer
+    if failure.kind is FailureKind.REJECTED and recorded is None:
+        raise TraceError(path, record.line, failure.field, failure.message)
+    if failure.kind is FailureKind.REJECTED:
+        failure.kind = FailureKind.DIVERGED
+    if recorded is not None and len(failure.answers) == 1:
+        failure.answers = {RECORDED: recorded, **failure.answers}
+    _place(path, n, record, failure)
+    outcome.divergence = failure
+
+
+def _divergence(path: str, n: int, record: TraceRecord, answers: dict) -> Failure:
     a, b = list(answers.values())
-    line = record.line
     if EXPECTED in answers:
         field_ = next((k for k in a if b.get(k) != a[k]), "")
-        line = record.expect_line or line
     else:
         field_ = first_difference(a, b) or ""
-        if RECORDED in answers:
-            line = record.answer_line or line
-    return Divergence(n - 1, record.event, answers, field_, path=path, line=line,
-                      record=record)
+    return _place(path, n, record, Failure(FailureKind.DIVERGED, record.event, answers, field_))
 
+
+def _place(path: str, n: int, record: TraceRecord, failure: Failure) -> Failure:
+    """Where the failure is: the event's line, or the line of the recorded
+    answer / expectation it contradicts (YAML traces)."""
+    failure.index, failure.path, failure.record = n - 1, path, record
+    line = record.line
+    if EXPECTED in failure.answers:
+        line = record.expect_line or line
+    elif RECORDED in failure.answers:
+        line = record.answer_line or line
+    failure.line = line
+    return failure

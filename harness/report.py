@@ -1,6 +1,7 @@
-"""Reports of trace runs: a terminal text form and a JSON form for machines.
+"""Reports: a Failure and a trace run in a terminal text form, and a JSON form
+for machines.
 
-Pure formatting of TraceOutcomes; nothing here runs a backend.
+Pure formatting; nothing here runs a backend.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.replay import TraceOutcome
+from harness.diff import Failure, FailureKind
+from harness.replay import DivergenceContext, TraceOutcome
 from harness.trace.codec import event_to_dict
 
 
@@ -23,18 +25,25 @@ def _block_row(state: dict) -> str:
     return f"#{state['block_id']} ref={state['ref_cnt']} hash={h}{flag}"
 
 
-def format_divergence(o: TraceOutcome) -> str:
-    d = o.divergence
+def format_failure(f: Failure, context: DivergenceContext | None = None) -> str:
+    """The report of a Failure, wherever it came from (a trace, a workload, a
+    fuzz case): where, the event, every answer and the first differing field;
+    for a trace also its note and the context (blocks before and after, the
+    earlier events on the same request or blocks)."""
+    where = f"{f.path}:{f.line}: " if f.path else ""
+    if f.kind is FailureKind.REJECTED:
+        return f"{where}{f.field}: {f.message} (event #{f.index}, {f.event.kind})"
+    what = "diverged" if f.kind is FailureKind.DIVERGED else f.kind.value
     lines = [
-        f"{o.path}:{d.line}: diverged at event #{d.index} ({d.event.kind}), "
-        f"field {d.field or '(whole answer)'}",
-        f"  event: {_short(event_to_dict(d.event), 300)}",
+        f"{where}{what} at event #{f.index} ({f.event.kind}), "
+        f"field {f.field or '(whole answer)'}",
+        f"  event: {_short(event_to_dict(f.event), 300)}",
     ]
-    for name, answer in d.answers.items():
+    for name, answer in f.answers.items():
         lines.append(f"  {name:>9}: {_short(answer, 300)}")
-    if d.record is not None and d.record.note:
-        lines.append(f"  note: {d.record.note}")
-    c = o.context
+    if f.record is not None and f.record.note:
+        lines.append(f"  note: {f.record.note}")
+    c = context
     if c is not None and c.involved_blocks:
         lines.append(f"  blocks involved: {c.involved_blocks}")
         for name in c.after:
@@ -47,7 +56,7 @@ def format_divergence(o: TraceOutcome) -> str:
     if c is not None and c.related:
         lines.append("  earlier events on the same request or blocks:")
         for r in c.related:
-            lines.append(f"    {o.path}:{r['line']}: {_short(r['event'], 100)} -> "
+            lines.append(f"    {f.path}:{r['line']}: {_short(r['event'], 100)} -> "
                          f"{_short(r['answer'], 100)}")
     return "\n".join(lines)
 
@@ -76,7 +85,7 @@ def outcome_json(o: TraceOutcome) -> dict:
     d = o.divergence
     if d is not None:
         out["divergence"] = {
-            "line": d.line, "index": d.index, "field": d.field,
+            "kind": d.kind.value, "line": d.line, "index": d.index, "field": d.field,
             "event": event_to_dict(d.event), "answers": d.answers,
             "note": d.record.note if d.record is not None else None,
         }

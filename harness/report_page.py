@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.pool_picture import Picture, draw_pool
 from harness.replay import TraceOutcome
-from harness.report import format_divergence, format_outcome_line
+from harness.report import format_failure, format_outcome_line
 
 
 def _verdict(o: TraceOutcome) -> str:
@@ -28,7 +28,7 @@ def _detail(o: TraceOutcome) -> str:
     if o.error is not None:
         return str(o.error)
     if o.divergence is not None:
-        return format_divergence(o)
+        return format_failure(o.divergence, o.context)
     return format_outcome_line(o)
 
 

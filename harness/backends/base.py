@@ -1,4 +1,4 @@
-"""The driver protocol every backend speaks (DESIGN.md §4).
+"""The driver protocol every backend speaks (specs/ARCHITECTURE.md).
 
 A backend is built from a CacheConfig and a version profile, then executes events
 one at a time; `run(event)` returns the event's answer as a JSON-able dict. The
@@ -36,7 +36,12 @@ POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED = -1, -2, -3, -4
 
 
 class BackendError(Exception):
-    """An event the backend cannot execute (e.g. an unknown request id)."""
+    """An event the driver protocol cannot execute (e.g. an unknown request
+    id); `field` is the event's field at fault."""
+
+    def __init__(self, message: str, field: str = "req") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def jsonable(value: Any) -> Any:

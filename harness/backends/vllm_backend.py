@@ -171,7 +171,7 @@ class VllmBackend(Backend):
             kwargs["max_in_flight_tokens"] = config.max_in_flight_tokens
         if config.watermark:
             if not self.profile.has_admission_controls:
-                raise BackendError(f"vLLM {self.profile.name} has no watermark")
+                raise BackendError(f"vLLM {self.profile.name} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
         self.manager = KVCacheManager(kv_cache_config, **kwargs)
 
@@ -248,8 +248,8 @@ class VllmBackend(Backend):
         if ev.full_sequence_must_fit or ev.reserved_blocks or not ev.has_scheduled_reqs:
             if not self.profile.has_admission_controls:
                 raise BackendError(
-                    f"vLLM {self.profile.name} allocate_slots has no admission controls"
-                )
+                    f"vLLM {self.profile.name} allocate_slots has no admission controls",
+                    "full_sequence_must_fit")
             admission = dict(
                 full_sequence_must_fit=ev.full_sequence_must_fit,
                 reserved_blocks=ev.reserved_blocks,
@@ -286,8 +286,7 @@ class VllmBackend(Backend):
         if self.profile.stats_recorded_at is not StatsRecordedAt.ADMISSION:
             raise BackendError(
                 f"vLLM {self.profile.name} records prefix-cache stats at lookup; "
-                "it has no record_prefix_cache_stats"
-            )
+                "it has no record_prefix_cache_stats", "op")
         self.manager.record_prefix_cache_stats(self._request(req), num_hits)
 
     def reset_prefix_cache(self) -> bool:

@@ -1,5 +1,5 @@
-"""A fuzzing campaign: draw cases until the time budget is spent or a divergence
-is found; shrink the finding and write it as a trace before reporting it.
+"""A fuzzing campaign: draw cases until the budget (seconds, or cases) is spent or
+a case fails; shrink the finding and write it as a trace before reporting it.
 
 Case n of seed s always draws the same program, so the same seed and config
 give the same calls, the same finding and a byte-identical trace file.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
 from harness.cache_config import CacheConfig
-from harness.diff import Divergence
+from harness.diff import Failure
 from harness.fuzz.actions import Action
 from harness.fuzz.driver import Driver, FuzzRun
 from harness.fuzz.faults import inject
@@ -34,7 +34,7 @@ class Finding:
     path: str
     num_calls: int  # calls in the shrunk trace
     num_calls_before: int
-    divergence: Divergence
+    failure: Failure
 
 
 @dataclass(slots=True)
@@ -58,10 +58,8 @@ def run_case(config: CacheConfig, actions: list[Action], profile: VersionProfile
 
 def _signature(run: FuzzRun) -> tuple:
     """What a shrunk case must keep to count as the same failure."""
-    d = run.divergence
-    impl_answer = d.answers.get("impl")
-    kind = "invariant" if isinstance(impl_answer, str) and "invariant" in impl_answer else "diff"
-    return d.event.kind, kind
+    f = run.failure
+    return f.event.kind, f.kind
 
 
 def case_rng(seed: int, case: int) -> random.Random:
@@ -77,12 +75,17 @@ def fuzz(
     fuzz_config: FuzzConfig | None = None,
     fault: str | None = None,
     report: Callable[[CampaignResult], None] | None = None,
+    max_cases: int | None = None,
 ) -> CampaignResult:
+    """Draw cases until `seconds` have passed, `max_cases` cases ran (tests
+    bound a campaign by cases: the same work on a loaded machine), or a case
+    fails."""
     fc = fuzz_config or FuzzConfig()
     result = CampaignResult(seed)
     t0 = time.perf_counter()
     with inject(fault):
-        while time.perf_counter() - t0 < seconds:
+        while time.perf_counter() - t0 < seconds and (max_cases is None
+                                                      or result.cases < max_cases):
             config, actions = draw_case(case_rng(seed, result.cases), fc, max_ops)
             run = run_case(config, actions, profile)
             result.cases += 1
@@ -91,7 +94,7 @@ def fuzz(
             result.seconds = time.perf_counter() - t0
             if report is not None:
                 report(result)
-            if run.diverged:
+            if run.failed:
                 result.finding = _write_finding(profile, config, actions, run, seed,
                                                 result.cases - 1, out_dir, fault)
                 break
@@ -109,17 +112,17 @@ def _write_finding(profile: VersionProfile, config: CacheConfig, actions: list[A
             r = run_case(c, a, profile)
         except Exception:  # a candidate config vLLM refuses to build
             return False
-        return r.diverged and _signature(r) == want
+        return r.failed and _signature(r) == want
 
     small_config, small_actions = shrink(config, actions, still_fails)
     small = run_case(small_config, small_actions, profile)
-    d = small.divergence
+    d = small.failure
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"fuzz-seed{seed}-case{case}.jsonl")
     description = (f"kvconform fuzz --seed {seed}: case {case}"
                    + (f" (injected fault {fault})" if fault else "")
                    + f", shrunk from {len(run.events)} to {len(small.events)} calls; "
-                   f"diverges at call {d.index + 1} ({d.event.kind}, field {d.field or '-'})")
+                   f"{d.kind.value} at call {d.index + 1} ({d.event.kind}, field {d.field or '-'})")
     header = TraceHeader(installed_vllm_version(), "fuzz", small_config, description)
     # Written with vLLM's answers: replaying it on impl shows the divergence.
     with TraceWriter(path, header) as w:

@@ -29,7 +29,7 @@ from enum import Enum
 
 from harness.backends.base import Backend
 from harness.cache_config import CacheConfig
-from harness.diff import Divergence, first_difference
+from harness.diff import Failure
 from harness.events import (
     AddRequest,
     Allocate,
@@ -47,6 +47,7 @@ from harness.events import (
     TakeBlockCopies,
 )
 from harness.events import Preempt as PreemptEvent
+from harness.lockstep import run_event
 from harness.fuzz.actions import (
     Action,
     Evict,
@@ -60,7 +61,6 @@ from harness.fuzz.actions import (
     Schedule,
     StepBoundary,
 )
-from impl.invariants import InvariantViolation
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 
@@ -81,14 +81,15 @@ class _Req:
 
 @dataclass(slots=True)
 class FuzzRun:
-    events: list[tuple[Event, dict]] = field(default_factory=list)  # reference answers
-    divergence: Divergence | None = None
+    # The calls with the reference's answers (a rejected last call: None).
+    events: list[tuple[Event, dict | None]] = field(default_factory=list)
+    failure: Failure | None = None
     # A state signature per call, for counting distinct states reached.
     signatures: set = field(default_factory=set)
 
     @property
-    def diverged(self) -> bool:
-        return self.divergence is not None
+    def failed(self) -> bool:
+        return self.failure is not None
 
 
 def _lora(n: int) -> LoRA:
@@ -96,12 +97,14 @@ def _lora(n: int) -> LoRA:
 
 
 class Driver:
-    """Runs actions on backends[0] (the reference, vLLM) and every other
-    backend, comparing each answer; stops at the first divergence."""
+    """Turns actions into calls, each run by harness/lockstep.run_event on
+    backends[0] (the reference, vLLM) and every other backend; stops at the
+    first failure."""
 
     def __init__(self, config: CacheConfig, profile: VersionProfile, backends: list[Backend]):
         self.config = config
         self.backends = backends
+        self.reference, self.others = backends[0], tuple(backends[1:])
         self.reqs: dict[int, _Req] = {}
         self.used: set[int] = set()
         self.run = FuzzRun()
@@ -122,40 +125,23 @@ class Driver:
             )
 
     def call(self, event: Event) -> dict | None:
-        """Run one event everywhere; None once diverged."""
-        reference, *others = self.backends
-        index = len(self.run.events)
-        try:
-            answer = reference.run(event)
-        except Exception as e:  # vLLM refused a call we consider valid
-            self._diverge(index, event, {reference.name: f"{type(e).__name__}: {e}"})
+        """Run one event everywhere; None once failed."""
+        run = self.run
+        answer = run_event(event, self.reference, self.others)
+        if answer.__class__ is Failure:
+            answer.index = len(run.events)
+            run.failure = answer
+            # The trace of a finding holds the call; vLLM's answer, if any.
+            theirs = answer.answers.get(self.reference.name)
+            run.events.append((event, theirs if isinstance(theirs, dict) else None))
             return None
-        self.run.events.append((event, answer))
-        for other in others:
-            try:
-                theirs = other.run(event)
-            except InvariantViolation as e:
-                self._diverge(index, event, {reference.name: answer,
-                                             other.name: f"invariant violated: {e}"})
-                return None
-            except Exception as e:
-                self._diverge(index, event, {reference.name: answer,
-                                             other.name: f"{type(e).__name__}: {e}"})
-                return None
-            if theirs != answer:
-                self._diverge(index, event, {reference.name: answer, other.name: theirs})
-                return None
+        run.events.append((event, answer))
         return answer
-
-    def _diverge(self, index: int, event: Event, answers: dict) -> None:
-        values = list(answers.values())
-        where = first_difference(values[0], values[1]) if len(values) == 2 else ""
-        self.run.divergence = Divergence(index, event, answers, where or "")
 
     def execute(self, actions: list[Action]) -> FuzzRun:
         for action in actions:
             self.apply(action)
-            if self.run.diverged:
+            if self.run.failed:
                 break
             reqs = self.reqs
             self.run.signatures.add((

@@ -103,7 +103,9 @@ def make_machine(profile: VersionProfile, backend_factory) -> type[RuleBasedStat
 
         @invariant()
         def conformant(self):
-            if getattr(self, "driver", None) is not None and self.driver.run.diverged:
-                raise AssertionError(self.driver.run.divergence.describe())
+            if getattr(self, "driver", None) is not None and self.driver.run.failed:
+                from harness.report import format_failure
+
+                raise AssertionError(format_failure(self.driver.run.failure))
 
     return KVCacheMachine

@@ -11,6 +11,7 @@ import pytest
 from harness.anonymize import Anonymizer, _Feistel
 from harness.cli import main as kvconform
 from harness.replay import check_trace
+from harness.report import format_failure
 
 GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "golden"
 
@@ -58,7 +59,7 @@ def test_anonymised_trace_replays_with_the_same_block_ids_and_hits(tmp_path, nam
     monkeypatch.setenv("KVCONFORM_ANON_KEY", "a secret")
     assert kvconform(["anonymize", str(src), "--out", str(out)]) == 0
     o = check_trace(str(out), ["impl"])
-    assert o.exit_code == 0, o.divergence and o.divergence.describe()
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
     before, after = _lines(src), _lines(out)
     assert [x["op"] for x in before] == [x["op"] for x in after]
     checked = 0

@@ -12,6 +12,7 @@ from harness.conform import WORKLOADS, run_workload
 from harness.fuzz.campaign import case_rng, run_case
 from harness.fuzz.configs import TEMPLATES
 from harness.fuzz.generate import FuzzConfig, draw_case
+from harness.report import format_failure
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm
@@ -26,7 +27,7 @@ def fuzz_cases(kind: str, profile, cases: int = CASES, seed: int = 11):
     for i in range(cases):
         config, actions = draw_case(case_rng(seed, i), fc, 40)
         run = run_case(config, actions, profile)
-        assert not run.diverged, f"{kind} case {i}: {run.divergence.describe()}"
+        assert not run.failed, f"{kind} case {i}: {format_failure(run.failure)}"
         sizes = [g.block_size for g in config.groups]
         for event, answer in run.events:
             seen[event.kind] += 1

@@ -1,5 +1,6 @@
 """replay / diff / record over traces, and the divergence report."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 import yaml
 
 from harness.replay import check_trace
-from harness.report import format_divergence, outcome_json
+from harness.report import format_failure, outcome_json
 from harness.trace import find_traces, open_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -17,7 +18,7 @@ EXAMPLE = TRACES / "scenarios" / "documented-example.yaml"
 def test_replay_passes_on_every_bundled_trace():
     for path in find_traces([str(TRACES)]):
         o = check_trace(path, ["impl"])
-        assert o.exit_code == 0, (path, o.error, o.divergence and format_divergence(o))
+        assert o.exit_code == 0, (path, o.error, o.divergence and format_failure(o.divergence, o.context))
         assert o.num_events > 0
 
 
@@ -26,7 +27,7 @@ def test_diff_passes_on_every_bundled_trace_of_the_installed_version():
     checked = 0
     for path in find_traces([str(TRACES)]):
         o = check_trace(path, ["vllm", "impl"], explicit=False)
-        assert o.exit_code == 0, (path, o.error, o.divergence and format_divergence(o))
+        assert o.exit_code == 0, (path, o.error, o.divergence and format_failure(o.divergence, o.context))
         checked += o.skipped is None
     assert checked >= 12
 
@@ -50,7 +51,7 @@ def test_edited_answer_is_the_first_divergence(tmp_path):
     d = o.divergence
     assert (d.line, d.field) == (line, "block_ids[0][1]")
     assert d.answers == {"recorded": {"block_ids": [[6, 9]]}, "impl": {"block_ids": [[6, 7]]}}
-    text = format_divergence(o)
+    text = format_failure(o.divergence, o.context)
     assert f"{copy}:{line}: diverged at event #9 (allocate)" in text
     # The blocks involved, before and after, and the events that led there.
     c = o.context
@@ -109,3 +110,80 @@ def test_find_traces_walks_folders_in_order(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     assert find_traces([str(tmp_path)]) == [str(tmp_path / "b.yaml"),
                                            str(tmp_path / "sub" / "a.yaml")]
+
+
+HEADER = ('{"format":"kvconform-trace/1","vllm_version":"0.32.0","source":"hand",'
+          '"cache":{"num_blocks":8,"groups":[{"block_size":4}]}}\n')
+
+
+@pytest.mark.vllm
+def test_a_call_vllm_rejects_is_one_line_exit_2_and_the_run_goes_on(tmp_path, capsys):
+    from harness.cli import main
+
+    bad = tmp_path / "lora.jsonl"
+    bad.write_text(HEADER + '{"op":"add_request","req":"a","prompt":[1,2,3,4,5],'
+                   '"lora":{"name":"x","int_id":1}}\n{"op":"lookup","req":"a"}\n')
+    assert main(["diff", "--no-attention", str(bad), str(EXAMPLE)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"{bad}:2: add_request: vLLM rejects this: AssertionError: "
+                                "lora_path cannot be empty"]
+    assert f"{EXAMPLE}: conformant" in out and "Traceback" not in out + err
+    assert main(["diff", "--no-attention", "--json", str(bad), str(EXAMPLE)]) == 2
+    results = json.loads(capsys.readouterr().out)
+    assert [r["exit_code"] for r in results] == [2, 0]
+    assert results[0]["error"]["message"].startswith("vLLM rejects this")
+
+
+def _impl_raises_at_lookup(monkeypatch):
+    from harness.backends.impl_backend import ImplBackend
+
+    def boom(self, request):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ImplBackend, "_get_computed_blocks", boom)
+
+
+def test_impl_raising_on_a_call_vllm_answered_is_a_divergence(monkeypatch):
+    _impl_raises_at_lookup(monkeypatch)
+    o = check_trace(str(EXAMPLE), ["impl"])
+    assert o.exit_code == 1 and o.error is None
+    d = o.divergence
+    assert d.event.kind == "lookup" and d.answers["impl"] == "impl rejects this: RuntimeError: boom"
+    assert "recorded" in d.answers
+
+
+def test_impl_raising_on_an_input_only_call_is_a_rejection(tmp_path, monkeypatch):
+    _impl_raises_at_lookup(monkeypatch)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(HEADER + '{"op":"add_request","req":"a","prompt":[1,2,3,4,5]}\n'
+                    '{"op":"lookup","req":"a"}\n')
+    o = check_trace(str(bare), ["impl"])
+    assert o.exit_code == 2 and o.divergence is None
+    assert str(o.error) == f"{bare}:3: lookup: impl rejects this: RuntimeError: boom"
+
+
+def test_a_config_a_backend_refuses_to_build_is_one_line(tmp_path, monkeypatch):
+    from harness.backends.impl_backend import ImplBackend
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("no such layout")
+
+    monkeypatch.setattr(ImplBackend, "__init__", refuse)
+    o = check_trace(str(EXAMPLE), ["impl"])
+    assert o.exit_code == 2
+    assert str(o.error) == f"{EXAMPLE}:1: cache: impl rejects this: ValueError: no such layout"
+
+
+def test_an_invariant_violation_is_a_divergence_of_its_own_kind(monkeypatch):
+    from harness.diff import FailureKind
+    from impl.invariants import InvariantChecker, InvariantViolation
+
+    def broken(self, manager):
+        raise InvariantViolation("ref_cnt 3 but 2 requests")
+
+    monkeypatch.setattr(InvariantChecker, "check", broken)
+    o = check_trace(str(EXAMPLE), ["impl"], check_invariants=True)
+    assert o.exit_code == 1 and o.divergence.kind is FailureKind.INVARIANT
+    assert o.divergence.index == 0
+    assert format_failure(o.divergence).startswith(f"{EXAMPLE}:")
+    assert "invariant violated at event #0 (add_request)" in format_failure(o.divergence)

@@ -11,6 +11,7 @@ from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import Checkpoint, Free, Preempt
 from harness.lockstep import run_lockstep
 from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from harness.report import format_failure
 from impl.profiles import get_profile
 
 P = get_profile("0.32")
@@ -44,7 +45,7 @@ def test_workload_identical_on_impl_and_vllm():
 
     stream = SchedulerWorkload(SPEC, P, CONFIG.num_blocks).events()
     result = run_lockstep(stream, [VllmBackend(CONFIG, P), ImplBackend(CONFIG, P, check=True)])
-    assert result.divergence is None, result.divergence.describe()
+    assert result.failure is None, format_failure(result.failure)
     assert result.num_events >= 5000
 
 
@@ -55,4 +56,4 @@ def test_workload_identical_on_impl_and_vllm_0_17():
     p017 = get_profile("0.17")
     stream = SchedulerWorkload(SPEC, p017, CONFIG.num_blocks).events()
     result = run_lockstep(stream, [VllmBackend(CONFIG, p017), ImplBackend(CONFIG, p017, check=True)])
-    assert result.divergence is None, result.divergence.describe()
+    assert result.failure is None, format_failure(result.failure)

@@ -10,6 +10,7 @@ import torch
 from harness.backends.impl_backend import ImplBackend
 from harness.replay import check_trace
 from harness.trace import open_trace
+from harness.report import format_failure
 
 pytestmark = pytest.mark.vllm
 
@@ -27,7 +28,7 @@ def test_engine_trace_replays_and_its_tensors_match_the_block_tables(tmp_path, s
                        progress=False)
     assert r.num_requests == 8
     o = check_trace(str(out), ["vllm", "impl"])
-    assert o.exit_code == 0, o.divergence and o.divergence.describe()
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
 
     trace = open_trace(str(out))
     h = trace.header

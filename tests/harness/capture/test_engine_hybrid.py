@@ -9,6 +9,7 @@ import pytest
 from harness.capture.errors import CaptureGap
 from harness.replay import check_trace
 from harness.trace import open_trace
+from harness.report import format_failure
 
 pytestmark = pytest.mark.vllm
 
@@ -36,7 +37,7 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
     assert any(0 in a["block_ids"][0] and 0 not in a["block_ids"][1] for a in lookups)
 
     o = check_trace(str(out), ["vllm", "impl"])
-    assert o.exit_code == 0, o.divergence and o.divergence.describe()
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
 
 
 def _scheduler(groups, retention=None, **kv_extra):

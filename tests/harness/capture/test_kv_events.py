@@ -9,6 +9,7 @@ import pytest
 from harness.capture.kv_event_stream import StreamError, decode_payload
 from harness.capture.kv_event_trace import EventTraceBuilder
 from harness.replay import check_trace
+from harness.report import format_failure
 
 from .conftest import capture_cli
 
@@ -106,7 +107,7 @@ def test_a_live_stream_becomes_a_trace_the_impl_reproduces(tmp_path, small_prese
     builder.write(str(tmp_path / "ev.jsonl"), "test")
     assert not builder.skipped
     o = check_trace(str(tmp_path / "ev.jsonl"), ["impl"])
-    assert o.exit_code == 0, o.divergence and o.divergence.describe()
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
     # The server's events are the answers, all of them.
     lines = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()[1:]]
     published = [e for b in batches for e in b.events]

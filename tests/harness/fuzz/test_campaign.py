@@ -8,6 +8,7 @@ import pytest
 from harness.fuzz.campaign import fuzz
 from harness.fuzz.faults import FAULTS, inject
 from harness.replay import check_trace
+from harness.report import format_failure
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm
@@ -39,6 +40,6 @@ def test_same_seed_same_finding_byte_identical(tmp_path):
 
 def test_clean_impl_short_run(tmp_path):
     result = fuzz(P, 8, seed=5, out_dir=str(tmp_path))
-    assert result.finding is None, result.finding and result.finding.divergence.describe()
+    assert result.finding is None, result.finding and format_failure(result.finding.failure)
     assert result.ops > 2000 and len(result.states) > 100
     assert list(tmp_path.iterdir()) == []
