@@ -174,9 +174,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from harness import conform
+    """The gate without fuzz, serially: the same cases, table and exit code."""
+    from harness.gate import default_paths, run_gate
 
-    return conform.main()
+    return run_gate(default_paths(), 0, 0, "fuzz-findings", None, None, "1")
 
 
 def _cmd_anonymize(args: argparse.Namespace) -> int:
@@ -279,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parallel workers (pytest-xdist; default auto = all cores; 1 = serial)")
     p.set_defaults(func=_cmd_gate)
 
-    p = sub.add_parser("conform", help="the bundled traces and seeded workloads, "
-                       "impl vs the installed vLLM, as a table")
+    p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "
+                       "traces and seeded workloads, impl vs the installed vLLM, as a table")
     p.set_defaults(func=_cmd_conform)
 
     p = sub.add_parser(

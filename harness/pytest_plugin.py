@@ -11,8 +11,9 @@ Options (used by `kvconform gate`):
   --kvconform-workloads         also run the seeded lockstep workloads
   --kvconform-fuzz-seconds N    also run a fuzz campaign of N seconds
   --kvconform-fuzz-seed S / --kvconform-fuzz-out DIR
-Each item records user properties (kvconform_kind, _mode, _events, _seconds,
-_exit) that the gate turns into its table, JUnit and summary; they travel from
+Each item runs one case of harness/cases.py and records its Case as user
+properties (kvconform_name, _kind, _mode, _events, _seconds, _exit) that the
+gate turns back into Cases for its table, JUnit and summary; they travel from
 pytest-xdist workers too, so `-n auto` gives the same results as a serial run.
 """
 
@@ -59,23 +60,23 @@ class KVConformFailure(Exception):
 
 
 class _CaseItem(pytest.Item):
-    kind = ""
+    """A pytest item running one case of harness/cases.py."""
 
     def _run(self):
         raise NotImplementedError
 
     def runtest(self):
-        result = self._run()
-        self.user_properties.extend([
-            ("kvconform_kind", self.kind),
-            ("kvconform_path", str(self.path) if self.kind == "trace" else ""),
-            ("kvconform_mode", result.mode),
-            ("kvconform_events", result.num_events),
-            ("kvconform_seconds", round(result.seconds, 3)),
-            ("kvconform_exit", int(result.exit_code)),  # xdist sends plain data
+        case = self._run()
+        self.user_properties.extend([  # plain data: xdist sends them to the controller
+            ("kvconform_name", case.name),
+            ("kvconform_kind", case.kind),
+            ("kvconform_mode", case.mode),
+            ("kvconform_events", case.events),
+            ("kvconform_seconds", round(case.seconds, 3)),
+            ("kvconform_exit", int(case.exit_code)),
         ])
-        if result.problem is not None:
-            raise KVConformFailure(result.problem)
+        if case.exit_code != 0:
+            raise KVConformFailure(case.report)
 
     def repr_failure(self, excinfo, style=None):
         if excinfo.errisinstance(KVConformFailure):
@@ -89,10 +90,8 @@ class TraceFile(pytest.File):
 
 
 class TraceItem(_CaseItem):
-    kind = "trace"
-
     def _run(self):
-        from harness.conform import run_trace
+        from harness.cases import run_trace
 
         return run_trace(str(self.path))
 
@@ -101,11 +100,9 @@ class TraceItem(_CaseItem):
 
 
 class WorkloadItem(_CaseItem):
-    kind = "workload"
-
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
-        from harness.conform import WORKLOADS, run_workload
+        from harness.cases import WORKLOADS, run_workload
 
         case = next(c for c in WORKLOADS if c.name == self.name)
         return run_workload(case, installed_vllm_profile())
@@ -115,27 +112,13 @@ class WorkloadItem(_CaseItem):
 
 
 class FuzzItem(_CaseItem):
-    kind = "fuzz"
-
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
-        from harness.conform import CaseResult
-        from harness.exit_codes import ExitCode
-        from harness.fuzz.campaign import fuzz
-        from harness.report import format_failure
+        from harness.cases import run_fuzz
 
         opts = self.config.option
-        r = fuzz(installed_vllm_profile(), opts.kvconform_fuzz_seconds,
-                 opts.kvconform_fuzz_seed, opts.kvconform_fuzz_out)
-        mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
-        problem = None
-        if r.finding is not None:
-            f = r.finding
-            problem = (f"fuzz divergence in case {f.case}, shrunk to {f.num_calls} calls, "
-                       f"written to {f.path}\n{format_failure(f.failure)}\n"
-                       f"replay it: kvconform replay {f.path}")
-        return CaseResult(self.name, mode, r.ops, r.seconds, problem,
-                          ExitCode.OK if problem is None else r.finding.failure.exit_code)
+        return run_fuzz(self.name, installed_vllm_profile(), opts.kvconform_fuzz_seconds,
+                        opts.kvconform_fuzz_seed, opts.kvconform_fuzz_out)
 
     def reportinfo(self):
         return "fuzz", None, self.name
@@ -146,7 +129,7 @@ def pytest_collection_modifyitems(session, config, items):
     deterministic, so every xdist worker collects the same list)."""
     opts = config.option
     if getattr(opts, "kvconform_workloads", False):
-        from harness.conform import WORKLOADS
+        from harness.cases import WORKLOADS
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:

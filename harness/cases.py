@@ -1,0 +1,149 @@
+"""The cases of a conformance run, and the one result type they give (`Case`).
+
+`kvconform gate` (and `kvconform conform`, the gate without fuzz, serially)
+runs these as pytest items (harness/pytest_plugin.py); harness/gate.py turns
+the Cases into its table, JUnit and summary.
+
+- trace: each trace under traces/ recorded for the installed vLLM's version is
+  diffed: impl and vLLM run side by side, their answers must be equal, equal
+  to the recorded answers, and satisfy the hand-derived expectations. Traces of
+  other versions are replayed on impl with their own profile.
+- workload: each seeded workload runs impl and vLLM in lockstep: every answer,
+  the free queue after every free and preemption, and the KV events must be
+  identical.
+- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.exit_codes import ExitCode
+from harness.workload import WorkloadSpec
+from impl.profiles import VersionProfile
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES_DIR = ROOT / "traces"
+
+VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
+            ExitCode.BAD_INPUT: "BAD INPUT", ExitCode.ENVIRONMENT: "ENVIRONMENT",
+            ExitCode.INTERRUPTED: "INTERRUPTED"}
+
+
+@dataclass(slots=True)
+class Case:
+    name: str
+    kind: str  # trace | workload | fuzz
+    mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
+    events: int
+    seconds: float
+    exit_code: ExitCode
+    report: str = ""  # what failed, "" when conformant
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.exit_code]
+
+
+def case_name(path: str) -> str:
+    """A trace's name in tables: relative to the project when inside it."""
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(ROOT))
+    except ValueError:
+        return str(full)
+
+
+# -- the seeded workloads --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCase:
+    name: str
+    spec: WorkloadSpec
+    config: CacheConfig
+
+
+def _workload(name: str, seed: int, num_blocks: int, groups: tuple[GroupConfig, ...],
+              block_size: int = 16, **cfg) -> WorkloadCase:
+    """A workload over `groups`. The workload keeps a request within num_blocks
+    blocks of `block_size` tokens; hybrid pools are sized so that a request
+    fits in every group at once."""
+    return WorkloadCase(name, WorkloadSpec(seed=seed, block_size=block_size),
+                        CacheConfig(num_blocks=num_blocks, groups=groups, **cfg))
+
+
+_FULL = GroupConfig(16)
+_WINDOW = GroupConfig(16, "sliding_window", sliding_window=40)
+
+WORKLOADS: list[WorkloadCase] = [
+    _workload("workload-tight-pool", 1, 24, (_FULL,)),
+    _workload("workload-medium-pool", 2, 64, (_FULL,)),
+    _workload("workload-sha256_cbor", 3, 40, (GroupConfig(32),), block_size=32,
+              hash_algo="sha256_cbor"),
+    _workload("workload-xxhash", 4, 48, (_FULL,), hash_algo="xxhash"),
+    _workload("workload-no-caching", 5, 32, (_FULL,), enable_caching=False),
+    _workload("workload-sliding-window", 6, 40, (_WINDOW,)),
+    _workload("workload-gemma-hybrid", 7, 100, (_FULL, _WINDOW, _WINDOW)),
+    _workload("workload-hybrid-block-sizes", 8, 120,
+              (_FULL, GroupConfig(32, "sliding_window", sliding_window=24))),
+    _workload("workload-llama4-hybrid", 9, 100,
+              (_FULL, GroupConfig(16, "chunked_local_attention", attention_chunk_size=64))),
+    _workload("workload-mla-dcp", 10, 32, (GroupConfig(16, "mla_attention"),),
+              dcp_world_size=2),
+    _workload("workload-hybrid-no-caching", 11, 100, (_FULL, _WINDOW), enable_caching=False),
+]
+
+
+# -- running one case ------------------------------------------------------------------------
+
+
+def run_trace(path: str) -> Case:
+    from harness.replay import check_trace
+    from harness.report import format_failure
+
+    o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
+    if o.skipped:  # recorded for another vLLM version: impl replays it
+        o, mode = check_trace(path, ["impl"]), f"replay {o.profile}"
+    report = ""
+    if o.error is not None:
+        report = str(o.error)
+    elif o.divergence is not None:
+        report = format_failure(o.divergence, o.context)
+    return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report)
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+    from harness.backends.impl_backend import ImplBackend
+    from harness.backends.vllm_backend import VllmBackend
+    from harness.lockstep import run_lockstep
+    from harness.report import format_failure
+    from harness.workload import SchedulerWorkload
+
+    t0 = time.perf_counter()
+    stream = SchedulerWorkload(case.spec, profile, case.config.num_blocks).events()
+    result = run_lockstep(
+        stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
+    )
+    f = result.failure
+    return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
+                ExitCode.OK if f is None else f.exit_code,
+                "" if f is None else format_failure(f))
+
+
+def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
+             out_dir: str) -> Case:
+    from harness.fuzz.campaign import fuzz
+    from harness.report import format_failure
+
+    r = fuzz(profile, seconds, seed, out_dir)
+    mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
+    f = r.finding
+    if f is None:
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
+    report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
+              f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
+    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
