@@ -72,6 +72,15 @@ class _Req:
 
 
 @dataclass(slots=True)
+class _Step:
+    """What one scheduler step has done so far."""
+
+    budget: int
+    scheduled: list[_Req] = field(default_factory=list)
+    preempted: bool = False
+
+
+@dataclass(slots=True)
 class SchedulerWorkload:
     spec: WorkloadSpec
     profile: VersionProfile
@@ -109,90 +118,98 @@ class SchedulerWorkload:
         return prompt[-limit:] if len(prompt) > limit else prompt
 
     def events(self) -> EventStream:
+        """The calls of one scheduler step after another, phase by phase as
+        vLLM's Scheduler.schedule and update_from_output make them."""
         s = self.spec
         record_at_admission = self.profile.stats_recorded_at is StatsRecordedAt.ADMISSION
         while self.num_added < s.num_requests or self.waiting or self.running:
-            # Arrivals.
-            for _ in range(self.rng.randint(0, s.arrivals_per_step)):
-                if self.num_added >= s.num_requests or len(self.waiting) >= s.max_waiting:
-                    break
-                req = _Req(f"r{self.num_added}", self._new_prompt(),
-                           self.rng.randint(*s.max_tokens))
-                self.num_added += 1
-                yield AddRequest(req.req_id, list(req.tokens))
-                self.waiting.append(req)
-
+            yield from self._arrivals()
             yield Step()
-            budget = s.token_budget
-            scheduled: list[_Req] = []
-            preempted_this_step = False
-
-            # Running requests first, in admission order.
-            i = 0
-            while i < len(self.running) and budget > 0:
-                req = self.running[i]
-                num_new = min(len(req.tokens) - req.num_computed, budget)
-                while True:
-                    answer = yield Allocate(req.req_id, num_new)
-                    if "refused" not in answer:
-                        req.num_computed += num_new
-                        budget -= num_new
-                        scheduled.append(req)
-                        i += 1
-                        break
-                    # Preempt the newest running request and retry.
-                    victim = self.running.pop()
-                    preempted_this_step = True
-                    yield Preempt(victim.req_id)
-                    yield Checkpoint(("free_queue", "num_free"))
-                    victim.num_computed = 0
-                    self.waiting.insert(0, victim)
-                    if victim is req:
-                        break
-
-            # Then waiting requests (FCFS), unless someone was just preempted.
-            while (
-                not preempted_this_step
-                and self.waiting
-                and budget > 0
-                and len(self.running) < s.max_running
-            ):
-                req = self.waiting[0]
-                answer = yield Lookup(req.req_id)
-                hit = answer["hit_tokens"]
-                num_new = min(len(req.tokens) - hit, budget)
-                answer = yield Allocate(req.req_id, num_new)
-                if "refused" in answer:
-                    break
-                if record_at_admission:
-                    yield RecordStats(req.req_id, hit)
-                req.num_computed = hit + num_new
-                budget -= num_new
-                self.waiting.pop(0)
-                self.running.append(req)
-                scheduled.append(req)
-
-            # Model output: a token for every request whose prefill is done.
-            for req in scheduled:
-                if req.num_computed < len(req.tokens):
-                    continue  # a prefill chunk; no token sampled
-                token = self.rng.randrange(s.vocab)
-                req.tokens.append(token)
-                req.num_output += 1
-                yield AppendTokens(req.req_id, [token])
-                if req.num_output >= req.max_tokens:
-                    self.running.remove(req)
-                    yield Free(req.req_id)
-                    yield Checkpoint(("free_queue", "num_free"))
-                    self.finished_conversations.append(req.tokens)
-
-            if self.rng.random() < s.p_evict:
-                yield EvictBlocks(self.rng.sample(range(1, self.num_blocks),
-                                                  min(3, self.num_blocks - 1)))
-            if self.rng.random() < s.p_reset:
-                yield ResetPrefixCache()
+            step = _Step(s.token_budget)
+            yield from self._schedule_running(step)
+            yield from self._schedule_waiting(step, record_at_admission)
+            yield from self._sample(step)
+            yield from self._admin()
             yield Checkpoint(("num_free", "usage", "events"))
         yield Checkpoint()
+
+    def _arrivals(self) -> EventStream:
+        s = self.spec
+        for _ in range(self.rng.randint(0, s.arrivals_per_step)):
+            if self.num_added >= s.num_requests or len(self.waiting) >= s.max_waiting:
+                break
+            req = _Req(f"r{self.num_added}", self._new_prompt(), self.rng.randint(*s.max_tokens))
+            self.num_added += 1
+            yield AddRequest(req.req_id, list(req.tokens))
+            self.waiting.append(req)
+
+    def _schedule_running(self, step: _Step) -> EventStream:
+        """Running requests first, in admission order; a refused allocation
+        preempts the newest running request and retries."""
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            req = self.running[i]
+            num_new = min(len(req.tokens) - req.num_computed, step.budget)
+            while True:
+                answer = yield Allocate(req.req_id, num_new)
+                if "refused" not in answer:
+                    req.num_computed += num_new
+                    step.budget -= num_new
+                    step.scheduled.append(req)
+                    i += 1
+                    break
+                victim = self.running.pop()
+                step.preempted = True
+                yield Preempt(victim.req_id)
+                yield Checkpoint(("free_queue", "num_free"))
+                victim.num_computed = 0
+                self.waiting.insert(0, victim)
+                if victim is req:
+                    break
+
+    def _schedule_waiting(self, step: _Step, record_at_admission: bool) -> EventStream:
+        """Then waiting requests (FCFS), unless someone was just preempted."""
+        while (not step.preempted and self.waiting and step.budget > 0
+               and len(self.running) < self.spec.max_running):
+            req = self.waiting[0]
+            answer = yield Lookup(req.req_id)
+            hit = answer["hit_tokens"]
+            num_new = min(len(req.tokens) - hit, step.budget)
+            answer = yield Allocate(req.req_id, num_new)
+            if "refused" in answer:
+                break
+            if record_at_admission:
+                yield RecordStats(req.req_id, hit)
+            req.num_computed = hit + num_new
+            step.budget -= num_new
+            self.waiting.pop(0)
+            self.running.append(req)
+            step.scheduled.append(req)
+
+    def _sample(self, step: _Step) -> EventStream:
+        """Model output: a token for every request whose prefill is done."""
+        s = self.spec
+        for req in step.scheduled:
+            if req.num_computed < len(req.tokens):
+                continue  # a prefill chunk; no token sampled
+            token = self.rng.randrange(s.vocab)
+            req.tokens.append(token)
+            req.num_output += 1
+            yield AppendTokens(req.req_id, [token])
+            if req.num_output >= req.max_tokens:
+                self.running.remove(req)
+                yield Free(req.req_id)
+                yield Checkpoint(("free_queue", "num_free"))
+                self.finished_conversations.append(req.tokens)
+
+    def _admin(self) -> EventStream:
+        """Rare administrative calls: a KV connector's evictions, a reset."""
+        s = self.spec
+        if self.rng.random() < s.p_evict:
+            yield EvictBlocks(self.rng.sample(range(1, self.num_blocks),
+                                              min(3, self.num_blocks - 1)))
+        if self.rng.random() < s.p_reset:
+            yield ResetPrefixCache()
 
 
 def drive(stream: EventStream, run: Callable[[Event], dict]) -> Iterator[tuple[Event, dict]]:

@@ -27,10 +27,10 @@ class _TimedRecorder(Recorder):
 
     seconds: float = 0.0
 
-    def call(self, hook, *args):
+    def call(self, hook, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return Recorder.call(self, hook, *args)
+            return Recorder.call(self, hook, *args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - t0
 

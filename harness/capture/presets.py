@@ -1,8 +1,10 @@
 """Workload presets: small YAML files (traces/workloads/*.workload) that say what
 traffic a scheduler-driven capture sends, and with which engine settings.
 
-A preset is read with yaml.safe_load and checked field by field; a problem is
-one PresetError naming file:line and the field. The shape (specs/CAPTURE.md):
+A preset is read with yaml.safe_load and checked against
+specs/workload.schema.json (as traces are against theirs), then read into the
+dataclasses below, which hold the defaults; a problem is one PresetError naming
+file:line and the field. The shape (specs/CAPTURE.md):
 
     description: what the workload is like
     seed: 1
@@ -18,19 +20,21 @@ Lengths are an int, `[lo, hi]` (uniform, inclusive) or
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from harness.capture.errors import PresetError
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "traces" / "workloads"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "specs" / "workload.schema.json"
 # Not .yaml: everything .yaml/.yml under traces/ is taken for a trace.
 PRESET_SUFFIX = ".workload"
 KINDS = ("chat", "few_shot", "rag", "sharegpt")
-HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,97 +207,137 @@ class _Doc:
                 self.lines[key] = v.start_mark.line + 1
                 self._index(v, key)
 
-    def fail(self, where: str, message: str):
+    def line_of(self, where: str) -> int:
+        """The line of a field, or of the nearest enclosing one that has one."""
         line = self.lines.get(where)
         probe = where
         while line is None and probe:
             probe = probe.rsplit(".", 1)[0] if "." in probe else ""
             line = self.lines.get(probe)
-        raise PresetError(self.path, line or 1, where or "(preset)", message)
+        return line or 1
+
+    def fail(self, where: str, message: str):
+        raise PresetError(self.path, self.line_of(where), where or "(preset)", message)
 
 
-def _int(doc: _Doc, where: str, v: Any, lo: int = 0, hi: int = 1 << 24) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        doc.fail(where, f"must be an integer, not {v!r}")
-    if not lo <= v <= hi:
-        doc.fail(where, f"must be in [{lo}, {hi}], not {v}")
-    return v
+# -- checking against specs/workload.schema.json ---------------------------------------------
 
 
-def _float(doc: _Doc, where: str, v: Any, lo: float = 0.0, hi: float = 1.0) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        doc.fail(where, f"must be a number, not {v!r}")
-    if not lo <= v <= hi:
-        doc.fail(where, f"must be in [{lo}, {hi}], not {v}")
-    return float(v)
+@cache
+def _validator():
+    import jsonschema
+
+    with open(SCHEMA_PATH) as f:
+        return jsonschema.Draft7Validator(json.load(f))
 
 
-def _bool(doc: _Doc, where: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        doc.fail(where, f"must be true or false, not {v!r}")
-    return v
+def _where(path) -> str:
+    """jsonschema's absolute_path as the field names errors use: a.b[0].c."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
 
 
-def _str(doc: _Doc, where: str, v: Any) -> str:
-    if not isinstance(v, (str, int)) or isinstance(v, bool):
-        doc.fail(where, f"must be a string, not {v!r}")
-    return str(v)
+def _in_range(e) -> str:
+    return f"must be in [{e.schema.get('minimum')}, {e.schema.get('maximum')}], not {e.instance}"
 
 
-def _length(doc: _Doc, where: str, v: Any, lo: int = 0) -> Length:
-    if isinstance(v, int) and not isinstance(v, bool):
-        n = _int(doc, where, v, lo)
-        return Length(n, n)
+# What each failed schema keyword says, in the loader's words.
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "boolean": "true or false",
+               "string": "a string", "object": "a mapping", "array": "a list"}
+_MESSAGES = {
+    "type": lambda e: (e.schema.get("x-message") or "must be "
+                       + _TYPE_WORDS[[t for t in (e.validator_value if isinstance(
+                           e.validator_value, list) else [e.validator_value]) if t != "null"][0]]
+                       + ("" if isinstance(e.instance, (dict, list)) else f", not {e.instance!r}")),
+    "minimum": _in_range,
+    "maximum": _in_range,
+    "enum": lambda e: f"must be one of {', '.join(map(str, e.validator_value))}, "
+                      f"not {e.instance!r}",
+    "required": lambda e: "missing",
+    "additionalProperties": lambda e: "unknown field (known: "
+                                      f"{', '.join(sorted(e.schema.get('properties', {})))})",
+}
+
+
+def _schema_error(doc: _Doc, errors) -> None:
+    """Fail with the first error (in the file's order) in the loader's words."""
+
+    def placed(e) -> tuple[str, str]:
+        while e.validator == "oneOf" and e.context:
+            # A length: report the form the value was written in.
+            form = {int: 0, list: 1, dict: 2}.get(type(e.instance))
+            inner = [c for c in e.context if c.schema_path and c.schema_path[0] == form]
+            if not inner:
+                break
+            e = inner[0]
+        where = _where(e.absolute_path)
+        if e.validator in ("additionalProperties", "required"):
+            # Name the field itself: the one too many, or the one missing.
+            if e.validator == "required":
+                key = next(k for k in e.validator_value if k not in e.instance)
+            else:
+                key = sorted(set(e.instance) - set(e.schema.get("properties", {})), key=str)[0]
+            where = f"{where}.{key}" if where else str(key)
+        elif e.validator in ("minItems", "maxItems", "oneOf") or e.validator not in _MESSAGES:
+            return where, e.schema.get("x-message") or e.message
+        return where, _MESSAGES[e.validator](e)
+
+    first = min(errors, key=lambda e: (doc.line_of(_where(e.absolute_path)),
+                                       _where(e.absolute_path)))
+    doc.fail(*placed(first))
+
+
+# -- reading into the dataclasses --------------------------------------------------------------
+
+
+def _length(doc: _Doc, where: str, v: Any) -> Length:
+    if isinstance(v, int):
+        return Length(v, v)
     if isinstance(v, list):
-        if len(v) != 2:
-            doc.fail(where, "a range is [lo, hi]")
-        a, b = _int(doc, f"{where}[0]", v[0], lo), _int(doc, f"{where}[1]", v[1], lo)
-        if a > b:
-            doc.fail(where, f"range [{a}, {b}] is empty")
-        return Length(a, b)
-    if isinstance(v, dict):
-        unknown = sorted(set(v) - {"lognormal", "min", "max"})
-        if unknown:
-            doc.fail(f"{where}.{unknown[0]}", "unknown field (lognormal, min, max)")
-        ln = v.get("lognormal")
-        if not (isinstance(ln, list) and len(ln) == 2):
-            doc.fail(f"{where}.lognormal", "must be [mu, sigma]")
-        mu = _float(doc, f"{where}.lognormal[0]", ln[0], -20, 20)
-        sigma = _float(doc, f"{where}.lognormal[1]", ln[1], 0, 10)
-        a = _int(doc, f"{where}.min", v.get("min", lo), lo)
-        b = _int(doc, f"{where}.max", v.get("max", 1 << 16), a)
-        return Length(a, b, (mu, sigma))
-    doc.fail(where, f"a length is an int, [lo, hi] or {{lognormal: [mu, sigma], min, max}}, "
-             f"not {v!r}")
+        if v[0] > v[1]:
+            doc.fail(where, f"range [{v[0]}, {v[1]}] is empty")
+        return Length(v[0], v[1])
+    lo = _length_floors()[where]
+    a, b = v.get("min", lo), v.get("max", 1 << 16)
+    if a > b:
+        doc.fail(f"{where}.max", f"must be in [{a}, {1 << 24}], not {b}")
+    mu, sigma = v["lognormal"]
+    return Length(a, b, (float(mu), float(sigma)))
 
 
-def _choice(doc: _Doc, where: str, v: Any) -> Choice:
-    if not isinstance(v, dict):
-        doc.fail(where, "must be {fraction: f, values: [...]}")
-    unknown = sorted(set(v) - {"fraction", "values"})
-    if unknown:
-        doc.fail(f"{where}.{unknown[0]}", "unknown field (fraction, values)")
-    values = v.get("values", [])
-    if not isinstance(values, list) or not values:
-        doc.fail(f"{where}.values", "must be a non-empty list")
-    return Choice(_float(doc, f"{where}.fraction", v.get("fraction", 0.0)),
-                  tuple(_str(doc, f"{where}.values[{i}]", x) for i, x in enumerate(values)))
+def _value(doc: _Doc, where: str, default: Any, v: Any) -> Any:
+    """A schema-checked value as the field's type (the default's) wants it."""
+    if isinstance(default, Length):
+        return _length(doc, where, v)
+    if isinstance(default, Choice):
+        return Choice(float(v.get("fraction", 0.0)), tuple(str(x) for x in v["values"]))
+    if isinstance(default, float):
+        return float(v)
+    if isinstance(default, str):
+        return str(v)
+    return v
 
 
-def _section(doc: _Doc, where: str, v: Any, cls: type, readers: dict) -> Any:
-    """A mapping read into dataclass `cls`; `readers[name](where, value)`."""
-    if v is None:
-        return cls()
-    if not isinstance(v, dict):
-        doc.fail(where, "must be a mapping")
-    names = {f.name for f in fields(cls)}
-    kwargs = {}
-    for key, value in v.items():
-        sub = f"{where}.{key}"
-        if key not in names or key not in readers:
-            doc.fail(sub, f"unknown field (known: {', '.join(sorted(readers))})")
-        kwargs[key] = readers[key](sub, value)
-    return cls(**kwargs)
+def _section(doc: _Doc, where: str, v: dict | None, cls: type) -> Any:
+    """A schema-checked mapping read into dataclass `cls` (its defaults fill in)."""
+    defaults = cls()
+    return cls(**{key: _value(doc, f"{where}.{key}", getattr(defaults, key), value)
+                  for key, value in (v or {}).items()})
+
+
+@cache
+def _length_floors() -> dict[str, int]:
+    """section.field -> the smallest value of that length (the schema's
+    length_from_0 / length_from_1)."""
+    out = {}
+    for section, spec in _validator().schema["properties"].items():
+        for name, prop in spec.get("properties", {}).items():
+            ref = prop.get("$ref", "")
+            if ref.startswith("#/definitions/length_from_"):
+                out[f"{section}.{name}"] = int(ref.rsplit("_", 1)[1])
+    return out
 
 
 def load_preset(name_or_path: str) -> Preset:
@@ -306,81 +350,27 @@ def load_preset(name_or_path: str) -> Preset:
     d = doc.data
     if not isinstance(d, dict):
         doc.fail("", "a preset is a YAML mapping")
-    known = {"name", "description", "seed", "kind", "engine", "requests", "admin",
-             "max_steps", *KINDS}
-    for key in d:
-        if key not in known:
-            doc.fail(str(key), f"unknown field (known: {', '.join(sorted(known))})")
-    kind = d.get("kind")
-    if kind not in KINDS:
-        doc.fail("kind", f"must be one of {', '.join(KINDS)}, not {kind!r}")
+    errors = list(_validator().iter_errors(d))
+    if errors:
+        _schema_error(doc, errors)
+    kind = d["kind"]
     for other in KINDS:
         if other != kind and other in d:
             doc.fail(other, f"section for kind '{other}' in a '{kind}' preset")
-
-    i = lambda lo=0, hi=1 << 24: (lambda w, v: _int(doc, w, v, lo, hi))  # noqa: E731
-    f = lambda lo=0.0, hi=1.0: (lambda w, v: _float(doc, w, v, lo, hi))  # noqa: E731
-    b = lambda w, v: _bool(doc, w, v)  # noqa: E731
-    ln = lambda lo=0: (lambda w, v: _length(doc, w, v, lo))  # noqa: E731
-
-    def algo(w, v):
-        if v not in HASH_ALGOS:
-            doc.fail(w, f"must be one of {', '.join(HASH_ALGOS)}")
-        return v
-
-    engine = _section(doc, "engine", d.get("engine"), EngineSpec, {
-        "num_blocks": i(2, 1 << 22), "block_size": i(1, 4096), "max_num_seqs": i(1, 4096),
-        "max_num_batched_tokens": i(1, 1 << 20), "max_model_len": i(1, 1 << 24),
-        "enable_prefix_caching": b, "enable_chunked_prefill": b,
-        "long_prefill_token_threshold": i(0, 1 << 20), "hash_algo": algo,
-        "hash_seed": lambda w, v: _str(doc, w, v), "kv_events": b, "log_stats": b,
-        "watermark": f(0.0, 1.0),
-    })
-    requests = _section(doc, "requests", d.get("requests"), RequestsSpec, {
-        "count": i(1, 1 << 20), "arrivals_per_step": ln(0), "vocab": i(2, (1 << 31) - 1),
-        "output_tokens": ln(1), "abort_probability": f(),
-        "lora": lambda w, v: _choice(doc, w, v), "salts": lambda w, v: _choice(doc, w, v),
-    })
-    resets: list[ResetAt] = []
-    admin = d.get("admin")
-    if admin is not None:
-        if not isinstance(admin, dict):
-            doc.fail("admin", "must be a mapping")
-        for key in admin:
-            if key != "reset_prefix_cache":
-                doc.fail(f"admin.{key}", "unknown field (known: reset_prefix_cache)")
-        items = admin.get("reset_prefix_cache") or []
-        if not isinstance(items, list):
-            doc.fail("admin.reset_prefix_cache", "must be a list of {step, "
-                     "reset_running_requests}")
-        for n, item in enumerate(items):
-            resets.append(_section(doc, f"admin.reset_prefix_cache[{n}]", item, ResetAt, {
-                "step": i(0, 1 << 30), "reset_running_requests": b}))
-    shape_readers = {
-        "chat": {"num_system_prompts": i(1, 1024), "system_prompt_tokens": ln(1),
-                 "conversations": i(1, 1 << 16), "turns": ln(1), "user_tokens": ln(1)},
-        "few_shot": {"tasks": i(1, 1024), "instruction_tokens": ln(1),
-                     "examples_per_task": i(1, 1024), "example_tokens": ln(1), "shots": ln(0),
-                     "query_tokens": ln(1)},
-        "rag": {"system_prompt_tokens": ln(0), "documents": i(1, 1 << 16),
-                "document_tokens": ln(1), "docs_per_request": ln(0), "popularity": f(0, 10),
-                "question_tokens": ln(1)},
-        "sharegpt": {"input_tokens": ln(1), "repeat_fraction": f(), "system_prompt_fraction": f(),
-                     "system_prompt_tokens": ln(1)},
-    }[kind]
-    shape = _section(doc, kind, d.get(kind), _SHAPES[kind], shape_readers)
-    if engine.max_num_batched_tokens < 1 or engine.block_size > engine.max_model_len:
+    engine = _section(doc, "engine", d.get("engine"), EngineSpec)
+    if engine.block_size > engine.max_model_len:
         doc.fail("engine.block_size", "must not exceed max_model_len")
+    resets = ((d.get("admin") or {}).get("reset_prefix_cache") or [])
     return Preset(
-        name=_str(doc, "name", d.get("name", Path(path).name.removesuffix(PRESET_SUFFIX))),
+        name=str(d.get("name", Path(path).name.removesuffix(PRESET_SUFFIX))),
         path=path,
         kind=kind,
-        seed=_int(doc, "seed", d.get("seed", 0), 0, 1 << 62),
-        description=_str(doc, "description", d.get("description", "")),
+        seed=d.get("seed", 0),
+        description=str(d.get("description", "")),
         engine=engine,
-        requests=requests,
-        resets=tuple(resets),
-        shape=shape,
-        max_steps=_int(doc, "max_steps", d.get("max_steps", 20000), 1, 1 << 30),
+        requests=_section(doc, "requests", d.get("requests"), RequestsSpec),
+        resets=tuple(ResetAt(**r) for r in resets),
+        shape=_section(doc, kind, d.get(kind), _SHAPES[kind]),
+        max_steps=d.get("max_steps", 20000),
         engine_line=doc.lines.get("engine", 1),
     )

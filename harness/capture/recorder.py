@@ -101,13 +101,13 @@ class Recorder:
         self.gap = message
         raise CaptureGap(message)
 
-    def call(self, hook, *args):
+    def call(self, hook, *args, **kwargs):
         """Run a recording hook. A lenient recorder must never break the
         server it watches: a gap or an unexpected error ends the trace instead."""
         if self.strict:
-            return hook(*args)
+            return hook(*args, **kwargs)
         try:
-            return hook(*args)
+            return hook(*args, **kwargs)
         except CaptureGap as e:
             log.warning("kvconform capture stopped: %s (the trace ends before this call)", e)
             self.stop(str(e))
@@ -202,13 +202,13 @@ class Recorder:
         self.sink.write(ev)
         t.known_tokens = n
 
-    def flush_all_tokens(self) -> None:
-        for t in self.requests.values():
-            self._flush_tokens(t)
-
     # -- the calls ----------------------------------------------------------------------
 
-    def on_lookup(self, request, blocks, hit_tokens: int) -> None:
+    # The hooks: harness/capture/recorder.py's _BEFORE hooks take the call's
+    # arguments, _AFTER hooks vLLM's result and then the arguments.
+
+    def on_lookup(self, result, request) -> None:
+        blocks, hit_tokens = result[0], result[1]  # 0.32 adds a third item
         t = self._track(request)
         ids = [list(g) for g in blocks.get_block_ids()]
         self.sink.write({"op": "lookup", "req": request.request_id,
@@ -309,7 +309,8 @@ class Recorder:
             self.sink.write({"op": "checkpoint", "fields": ["events"],
                              "answer": {"events": _events_json(events)}})
 
-    def on_block_copies(self, copies) -> None:
+    def on_block_copies(self, result) -> None:
+        copies = result[0]
         # take_kv_cache_block_copies drains the copy-on-write copies that hits
         # ending inside a block queued (0.32 hybrid models whose hash block is
         # smaller than a group's block); the scheduler frees the blocks they
@@ -412,23 +413,68 @@ def _arg_binder(fn) -> Callable[[tuple, dict], dict]:
     return bind
 
 
+# vLLM's KVCacheManager methods a recording manager wraps, and the Recorder hook
+# each one calls. _BEFORE hooks see the call's arguments before vLLM runs it
+# (they must precede what the call changes); _AFTER hooks see vLLM's result,
+# then the arguments. allocate_slots, free and the `usage` property are
+# written out below (they need both sides, or are a property).
+_BEFORE = {
+    "record_prefix_cache_stats": "on_record_stats",  # 0.32+
+    "cache_blocks": "on_cache_blocks",
+    "evict_blocks": "on_evict",
+    "new_step_starts": "on_step",
+}
+_AFTER = {
+    "get_computed_blocks": "on_lookup",
+    "reset_prefix_cache": "on_reset",
+    "take_events": "on_take_events",
+    "take_kv_cache_block_copies": "on_block_copies",  # 0.32+
+    "make_prefix_cache_stats": "on_stats",
+}
+
+
+def _before(original, hook: str):
+    def method(self, *args, **kwargs):
+        r = self._kvconform_recorder
+        if r.active:
+            r.call(getattr(r, hook), *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    method.__name__ = original.__name__
+    return method
+
+
+def _after(original, hook: str):
+    def method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        r = self._kvconform_recorder
+        if r.active:
+            r.call(getattr(r, hook), result, *args, **kwargs)
+        return result
+
+    method.__name__ = original.__name__
+    return method
+
+
+def _refusing(original):
+    name = original.__name__
+
+    def method(self, *args, **kwargs):
+        r = self._kvconform_recorder
+        if r.active:
+            r.call(r.fail, f"{name} (used with KV connectors) has no trace event")
+        return original(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
 def _recording_class(base: type) -> type:
     bind_alloc = _arg_binder(base.allocate_slots)
 
-    def rec_of(self) -> Recorder | None:
-        r = self._kvconform_recorder
-        return r if r.active else None
-
-    def get_computed_blocks(self, request):
-        result = base.get_computed_blocks(self, request)
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_lookup, request, result[0], result[1])
-        return result
-
     def allocate_slots(self, *args, **kwargs):
-        r = rec_of(self)
-        if r is None:
+        r = self._kvconform_recorder
+        if not r.active:
             return base.allocate_slots(self, *args, **kwargs)
         # The scheduler passes (request, num_new_tokens) and keywords: no binding.
         if len(args) == 2:
@@ -441,104 +487,29 @@ def _recording_class(base: type) -> type:
             r.call(r.on_allocate, t, bound, new)
         return new
 
-    def record_prefix_cache_stats(self, request, num_hits):
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_record_stats, request, num_hits)
-        return base.record_prefix_cache_stats(self, request, num_hits)
-
     def free(self, request):
-        r = rec_of(self)
-        if r is not None:
+        r = self._kvconform_recorder
+        if r.active:
             r.call(r._track, request)  # arrival and pending tokens go before the free
         out = base.free(self, request)
-        if r is not None and r.active:
+        if r.active:
             r.call(r.on_free, request)
         return out
 
-    def cache_blocks(self, request, num_computed_tokens):
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_cache_blocks, request, num_computed_tokens)
-        return base.cache_blocks(self, request, num_computed_tokens)
-
-    def reset_prefix_cache(self):
-        ok = base.reset_prefix_cache(self)
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_reset, ok)
-        return ok
-
-    def evict_blocks(self, block_ids):
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_evict, block_ids)
-        return base.evict_blocks(self, block_ids)
-
-    def new_step_starts(self):
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_step)
-        return base.new_step_starts(self)
-
-    def take_events(self):
-        events = base.take_events(self)
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_take_events, events)
-        return events
-
-    def take_kv_cache_block_copies(self):
-        out = base.take_kv_cache_block_copies(self)
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_block_copies, out[0])
-        return out
-
-    def make_prefix_cache_stats(self):
-        stats = base.make_prefix_cache_stats(self)
-        r = rec_of(self)
-        if r is not None:
-            r.call(r.on_stats, stats)
-        return stats
-
     def usage(self):
         u = base.usage.fget(self)
-        r = rec_of(self)
-        if r is not None:
+        r = self._kvconform_recorder
+        if r.active:
             r.call(r.on_usage, u)
         return u
 
-    ns: dict[str, Any] = dict(
-        get_computed_blocks=get_computed_blocks,
-        allocate_slots=allocate_slots,
-        free=free,
-        cache_blocks=cache_blocks,
-        reset_prefix_cache=reset_prefix_cache,
-        evict_blocks=evict_blocks,
-        new_step_starts=new_step_starts,
-        take_events=take_events,
-        make_prefix_cache_stats=make_prefix_cache_stats,
-        usage=property(usage),
-    )
-    if hasattr(base, "record_prefix_cache_stats"):
-        ns["record_prefix_cache_stats"] = record_prefix_cache_stats
-    if hasattr(base, "take_kv_cache_block_copies"):  # 0.32+
-        ns["take_kv_cache_block_copies"] = take_kv_cache_block_copies
+    ns: dict[str, Any] = {"allocate_slots": allocate_slots, "free": free,
+                          "usage": property(usage)}
+    for table, wrap in ((_BEFORE, _before), (_AFTER, _after)):
+        for name, hook in table.items():
+            if hasattr(base, name):
+                ns[name] = wrap(getattr(base, name), hook)
     for name in _CONNECTOR_ONLY:
         if hasattr(base, name):
-            ns[name] = _refusing(base, name)
+            ns[name] = _refusing(getattr(base, name))
     return type(f"Recording{base.__name__}", (base,), ns)
-
-
-def _refusing(base: type, name: str):
-    original = getattr(base, name)
-
-    def method(self, *args, **kwargs):
-        r = self._kvconform_recorder
-        if r.active:
-            r.call(r.fail, f"{name} (used with KV connectors) has no trace event")
-        return original(self, *args, **kwargs)
-
-    method.__name__ = name
-    return method
