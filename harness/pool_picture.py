@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
+from impl.managers.base import cdiv
 
 # Beyond this many events the picture keeps every k-th event plus the last
 # ones before the divergence, so that a column stays at least a pixel wide.
@@ -31,7 +32,7 @@ class Picture:
 def _columns(n: int, divergence: int | None) -> list[int]:
     if n <= MAX_COLUMNS:
         return list(range(n))
-    step = -(-n // (MAX_COLUMNS - 64))
+    step = cdiv(n, MAX_COLUMNS - 64)
     cols = set(range(0, n, step))
     if divergence is not None:
         cols.update(range(max(0, divergence - 63), divergence + 1))

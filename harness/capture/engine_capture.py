@@ -163,7 +163,7 @@ def drive(engine, preset: Preset, progress: bool = True) -> int:
     step = 0
     try:
         while (not workload.exhausted or prompts) and step < preset.max_steps:
-            for r in workload.arrivals(step):
+            for r in workload.arrivals():
                 prompt = TokensPrompt(prompt_token_ids=list(r.prompt))
                 if r.cache_salt is not None:
                     prompt["cache_salt"] = r.cache_salt

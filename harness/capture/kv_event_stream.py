@@ -118,7 +118,7 @@ def subscribe(endpoint: str, topic: str = "", replay_endpoint: str | None = None
     last_seq = -1
     try:
         if replay_endpoint is not None:
-            for batch in _replay(ctx, replay_endpoint, topic):
+            for batch in _replay(ctx, replay_endpoint):
                 yield batch
                 last_seq = batch.seq
                 count += 1
@@ -147,7 +147,7 @@ def subscribe(endpoint: str, topic: str = "", replay_endpoint: str | None = None
             if replay_endpoint is not None and last_seq >= 0 and seq > last_seq + 1:
                 # A batch published while our subscription was still being set
                 # up (ZMQ's slow joiner): fetch the gap from the replay socket.
-                for batch in _replay(ctx, replay_endpoint, topic, start=last_seq + 1):
+                for batch in _replay(ctx, replay_endpoint, start=last_seq + 1):
                     if batch.seq >= seq:
                         break
                     yield batch
@@ -159,7 +159,7 @@ def subscribe(endpoint: str, topic: str = "", replay_endpoint: str | None = None
         sub.close(linger=0)
 
 
-def _replay(ctx, endpoint: str, topic: str, start: int = 0) -> Iterator[EventBatch]:
+def _replay(ctx, endpoint: str, start: int = 0) -> Iterator[EventBatch]:
     import zmq
 
     req = ctx.socket(zmq.DEALER)

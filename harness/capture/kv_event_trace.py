@@ -225,13 +225,6 @@ class EventTraceBuilder:
         return sink.num_events
 
 
-def build_from_batches(batches: Iterable[EventBatch], builder: EventTraceBuilder,
-                       out: str, description: str) -> int:
-    for batch in batches:
-        builder.add_batch(batch)
-    return builder.write(out, description)
-
-
 def save_batches(batches: Iterable[EventBatch], path: str) -> int:
     """The raw stream as JSON lines (seq, ts, rank, encoding, events): what a
     capture saw, to rebuild the trace later with other hash settings."""

@@ -190,7 +190,7 @@ def capture_preset(preset: Preset, out: str, progress: bool = True,
     step = 0
     try:
         while (not workload.exhausted or live) and step < preset.max_steps:
-            for new in workload.arrivals(step):
+            for new in workload.arrivals():
                 request = requests.make(new)
                 live[new.req_id] = request
                 scheduler.add_request(request)

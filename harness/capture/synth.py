@@ -97,7 +97,7 @@ class SyntheticWorkload:
         self.num_issued += 1
         return req
 
-    def arrivals(self, step: int) -> list[NewRequest]:
+    def arrivals(self) -> list[NewRequest]:
         out = []
         for _ in range(self.preset.requests.arrivals_per_step.draw(self.rng)):
             if self.exhausted:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.configs import TEMPLATES, draw_cache_config
+from impl.block_hash import HASH_FUNCTIONS
 from harness.fuzz.actions import (
     Action,
     Evict,
@@ -37,7 +38,7 @@ class FuzzConfig:
     block_sizes: tuple[int, ...] = (1, 2, 4, 16)
     # Mostly small pools (always nearly full), sometimes large ones.
     pool_sizes: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 128, 1024)
-    hash_algos: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+    hash_algos: tuple[str, ...] = tuple(HASH_FUNCTIONS)
     p_caching: float = 0.85
     vocab: int = 4
     documents: int = 3

@@ -23,17 +23,17 @@ def test_every_listed_workload_has_a_preset():
 
 def test_presets_shape_the_traffic_as_described():
     chat = SyntheticWorkload(load_preset("multi-turn-chat"))
-    first = [r for step in range(20) for r in chat.arrivals(step)]
+    first = [r for _ in range(20) for r in chat.arrivals()]
     system = chat.pieces["system"][0]
     assert first and all(r.prompt[: len(system)] == system for r in first)
     # A later turn resends the conversation, the answer included.
     turn = first[0]
     chat.finished(turn.req_id, turn.prompt + [7, 7, 7])
-    later = [r for step in range(20, 200) for r in chat.arrivals(step)]
+    later = [r for _ in range(20, 200) for r in chat.arrivals()]
     assert any(r.prompt[: len(turn.prompt) + 3] == turn.prompt + [7, 7, 7] for r in later)
 
     lora = SyntheticWorkload(load_preset("lora-and-salts"))
-    reqs = [r for step in range(200) for r in lora.arrivals(step)]
+    reqs = [r for _ in range(200) for r in lora.arrivals()]
     assert {r.lora for r in reqs} > {None} and {r.cache_salt for r in reqs} > {None}
     assert load_preset("prefix-cache-reset").resets
     assert load_preset("chunked-prefill-small-budget").engine.max_num_batched_tokens <= 128
