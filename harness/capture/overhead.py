@@ -67,6 +67,12 @@ class Overhead:
 
 
 def measure(preset: Preset, runs: int = 3, block_size: int = 32) -> Overhead:
+    """The model and the recorded parts live in a temp folder removed at the end."""
+    with tempfile.TemporaryDirectory(prefix="kvconform-overhead-") as scratch:
+        return _measure(preset, runs, block_size, scratch)
+
+
+def _measure(preset: Preset, runs: int, block_size: int, scratch: str) -> Overhead:
     from harness.capture.engine_capture import _env, build_llm, drive, engine_preset
     from harness.capture.header import header_of
     from harness.capture.recorder import instrument, uninstrument
@@ -75,7 +81,8 @@ def measure(preset: Preset, runs: int = 3, block_size: int = 32) -> Overhead:
     from harness.capture.tiny_model import TinyModel
 
     preset = engine_preset(preset, block_size)
-    model_dir = TinyModel(vocab_size=max(preset.requests.vocab, 16)).write()
+    model_dir = TinyModel(vocab_size=max(preset.requests.vocab, 16)).write(
+        os.path.join(scratch, "model"))
     bare: list[float] = []
     recorded: list[float] = []
     wall: dict[bool, list[float]] = {False: [], True: []}
@@ -97,8 +104,7 @@ def measure(preset: Preset, runs: int = 3, block_size: int = 32) -> Overhead:
                 writer = recorder = None
                 if record:
                     header = header_of(scheduler, "engine")
-                    writer = SegmentWriter(tempfile.mkdtemp(prefix="kvconform-overhead-"),
-                                           header)
+                    writer = SegmentWriter(os.path.join(scratch, f"run-{i}"), header)
                     recorder = _TimedRecorder(writer, header.cache.hash_block_size,
                                               strict=False)
                     instrument(manager, recorder)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ from harness.capture.header import header_of
 from harness.capture.presets import Preset
 from harness.capture.progress import Progress
 from harness.capture.recorder import Recorder, instrument
+from harness.capture.sinks import JsonlSink
 from harness.capture.synth import NewRequest, SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
-from harness.capture.sinks import JsonlSink
 
 
 @dataclass(slots=True)
@@ -169,8 +170,10 @@ def capture_preset(preset: Preset, out: str, progress: bool = True,
 
     # vLLM logs each refused prefix-cache reset; the trace records them.
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    model_dir = TinyModel(vocab_size=max(preset.requests.vocab, 16)).write()
-    with hash_seed_env(preset.engine.hash_seed):
+    # The model folder is read once, while the scheduler's config is built.
+    with tempfile.TemporaryDirectory(prefix="kvconform-tiny-") as model_dir, \
+            hash_seed_env(preset.engine.hash_seed):
+        TinyModel(vocab_size=max(preset.requests.vocab, 16)).write(model_dir)
         scheduler = build_scheduler(preset, model_dir, publish)
         requests = _Requests(preset)
         description = f"workload preset '{preset.name}' ({preset.kind})"

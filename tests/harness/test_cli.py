@@ -72,8 +72,9 @@ def test_no_traceback_from_the_console_script(tmp_path):
 
 
 def test_fuzz_finding_exit_1_names_the_file(tmp_path, capsys):
-    code = main(["fuzz", "--seconds", "20", "--seed", "2", "--out", str(tmp_path),
-                 "--inject-fault", "longest-hit-off-by-one"])
+    # Seed 2 finds it in its fifth case; no time limit that a loaded machine could hit.
+    code = main(["fuzz", "--seconds", "86400", "--max-cases", "400", "--seed", "2",
+                 "--out", str(tmp_path), "--inject-fault", "longest-hit-off-by-one"])
     out = capsys.readouterr().out
     assert code == 1
     (written,) = list(tmp_path.iterdir())
@@ -82,6 +83,7 @@ def test_fuzz_finding_exit_1_names_the_file(tmp_path, capsys):
 
 def test_fuzz_usage_errors(tmp_path, capsys):
     assert main(["fuzz", "--seconds", "0"]) == 2
+    assert main(["fuzz", "--max-cases", "0"]) == 2
     assert main(["fuzz", "--inject-fault", "nope"]) == 2
     bad = tmp_path / "fuzz.yaml"
     bad.write_text("blok_sizes: [4]\n")

@@ -91,7 +91,7 @@ def test_a_live_stream_becomes_a_trace_the_impl_reproduces(tmp_path, small_prese
 
     def grab():  # vLLM's replay socket serves every batch published so far
         batches.extend(subscribe(publish["endpoint"],
-                                 replay_endpoint=publish["replay_endpoint"], idle_seconds=0.3))
+                                 replay_endpoint=publish["replay_endpoint"], idle_seconds=3.0))
 
     capture_preset(preset, str(tmp_path / "src.jsonl"), progress=False, publish=publish,
                    before_shutdown=grab)

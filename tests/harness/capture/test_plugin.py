@@ -35,7 +35,9 @@ if __name__ == "__main__":
         prompts = [TokensPrompt(prompt_token_ids=system + [turn, i] * (5 + i))
                    for i in range(6)]
         llm.generate(prompts, params, use_tqdm=False)
-    llm.llm_engine.engine_core.shutdown()
+    # Time for the engine core to close its last part on a loaded machine
+    # (vLLM's default: SIGKILL after 5 s).
+    llm.llm_engine.engine_core.shutdown(timeout=600)
     print("done")
 """
 
@@ -52,9 +54,11 @@ def test_the_plugin_records_an_unmodified_vllm_program(tmp_path, capsys):
     env = dict(os.environ, KVCONFORM_CAPTURE_DIR=str(tmp_path / "capture"),
                KVCONFORM_CAPTURE_MAX_EVENTS="100", KVCONFORM_CAPTURE_FREE_QUEUE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="1", HF_HUB_OFFLINE="1", PYTHONHASHSEED="0",
-               VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+               VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+               VLLM_RPC_BASE_PATH=str(tmp_path))  # the engine core's sockets
+    # A limit for a hung program only: a loaded 2-core machine takes minutes.
     proc = subprocess.run([sys.executable, str(script), model], env=env, capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=1800)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
     (session,) = sessions(str(tmp_path / "capture"))
     parts = sorted(p.name for p in Path(session).iterdir())

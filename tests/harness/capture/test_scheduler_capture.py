@@ -56,7 +56,7 @@ def test_lines_are_in_the_codecs_canonical_form():
             assert back == obj, f"{path}:{n}"
 
 
-def _scheduler(source: str):
+def _scheduler(source: str, tmp_path):
     """A real Scheduler, its trace header, and a request for it."""
     from harness.capture.header import header_of
     from harness.capture.scheduler_capture import _Requests, build_scheduler, hash_seed_env
@@ -65,14 +65,14 @@ def _scheduler(source: str):
 
     preset = load_preset("few-shot")
     with hash_seed_env("0"):
-        scheduler = build_scheduler(preset, TinyModel().write())
+        scheduler = build_scheduler(preset, TinyModel().write(str(tmp_path / "model")))
         requests = _Requests(preset)
         header = header_of(scheduler, source)
     return scheduler, header, requests.make(NewRequest("a", list(range(40)), 4))
 
 
 def test_a_call_the_trace_cannot_express_is_refused_loudly(tmp_path):
-    scheduler, header, request = _scheduler("scheduler")
+    scheduler, header, request = _scheduler("scheduler", tmp_path)
     sink = JsonlSink(str(tmp_path / "t.jsonl"), header)
     instrument(scheduler.kv_cache_manager, Recorder(sink, header.cache.hash_block_size))
     manager = scheduler.kv_cache_manager
@@ -84,7 +84,7 @@ def test_a_call_the_trace_cannot_express_is_refused_loudly(tmp_path):
 
 
 def test_a_lenient_recorder_ends_the_trace_and_vllm_carries_on(tmp_path, caplog):
-    scheduler, header, request = _scheduler("production")
+    scheduler, header, request = _scheduler("production", tmp_path)
     sink = JsonlSink(str(tmp_path / "t.jsonl"), header)
     recorder = Recorder(sink, header.cache.hash_block_size, strict=False)
     instrument(scheduler.kv_cache_manager, recorder)

@@ -22,7 +22,7 @@ def test_a_017_scheduler_capture_replays_with_the_017_profile(tmp_path, small_pr
     batches = []
     capture_preset(preset, str(out), progress=False, publish=publish, before_shutdown=lambda:
                    batches.extend(subscribe(publish["endpoint"], replay_endpoint=publish[
-                       "replay_endpoint"], idle_seconds=0.3)))
+                       "replay_endpoint"], idle_seconds=3.0)))
     o = check_trace(str(out), ["vllm", "impl"])
     assert o.profile == "0.17" and o.exit_code == 0
     assert batches and {b.encoding for b in batches} == {"array"}
