@@ -1,6 +1,7 @@
 # kvconform — the two commands a newcomer needs:
 #   make conform   the main job: impl vs the installed vLLM, live
 #   make test      the test suite
+# (make lint: ruff; .ci/run: lint, test and conform, as CI runs them)
 # Both create the virtual environment (.venv) first if it is missing.
 
 PYTHON ?= python3
@@ -24,9 +25,13 @@ REQUIREMENTS := \
 	jsonschema==4.26.0 \
 	fastjsonschema==2.22.3 \
 	pytest-xdist==3.8.0 \
-	matplotlib==3.11.2
+	matplotlib==3.11.2 \
+	ruff==0.17.6
 
-.PHONY: install test conform bench gpu-check clean-venv
+# Seconds of differential fuzzing in `make conform` (.ci/run uses fewer).
+FUZZ_SECONDS ?= 60
+
+.PHONY: install test lint conform bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -42,11 +47,16 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest -q tests
 
+# ruff, configured in pyproject.toml ([tool.ruff]).
+lint: install
+	$(VENV)/bin/ruff check harness tests benchmarks ci impl
+
 # The conformance gate: every trace under traces/, the seeded workloads and a
-# 60 s fuzz, on all cores; reports in .gate/.
+# fuzz of $(FUZZ_SECONDS) s, on all cores; reports in .gate/.
 conform: install
 	mkdir -p .gate
-	$(VENV)/bin/kvconform gate --junit .gate/junit.xml --summary .gate/summary.md
+	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) \
+		--junit .gate/junit.xml --summary .gate/summary.md
 
 bench: install
 	mkdir -p .bench

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
-from impl.profiles import BlockSizesRule, VersionProfile
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -17,6 +16,7 @@ from impl.kv_cache_spec import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from impl.profiles import BlockSizesRule, VersionProfile
 
 # Attention kinds, by the name vLLM's KV events give them.
 KINDS = (

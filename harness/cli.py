@@ -102,9 +102,9 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
     from harness.diff import FailureKind
     from harness.fuzz.campaign import fuzz, progress_reporter
-    from harness.report import format_failure
     from harness.fuzz.faults import FAULTS
     from harness.fuzz.generate import FuzzConfig
+    from harness.report import format_failure
 
     if args.seconds <= 0 or args.max_ops < 1 or (args.max_cases is not None
                                                   and args.max_cases < 1):

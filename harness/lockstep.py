@@ -70,7 +70,8 @@ def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> di
         except Exception as e:  # noqa: BLE001 - the reference answered; this one did not
             theirs = _raised(e)
         if theirs != answer:
-            return Failure(FailureKind.DIVERGED, event, {reference.name: answer, other.name: theirs},
+            return Failure(FailureKind.DIVERGED, event,
+                           {reference.name: answer, other.name: theirs},
                            first_difference(answer, theirs) or "")
     return answer
 

@@ -38,7 +38,7 @@ class TinyModel:
 
     @classmethod
     def hybrid(cls, sliding_window: int, vocab_size: int = 1000,
-               num_hidden_layers: int = 4) -> "TinyModel":
+               num_hidden_layers: int = 4) -> TinyModel:
         """Sliding-window layers (0, 2, ...) mixed with full attention (1, 3, ...)."""
         return cls(vocab_size=vocab_size, num_hidden_layers=num_hidden_layers,
                    sliding_window=sliding_window)

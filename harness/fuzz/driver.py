@@ -39,15 +39,14 @@ from harness.events import (
     Event,
     EvictBlocks,
     Free,
-    LoRA,
     Lookup,
+    LoRA,
     RecordStats,
     ResetPrefixCache,
     Step,
     TakeBlockCopies,
 )
 from harness.events import Preempt as PreemptEvent
-from harness.lockstep import run_event
 from harness.fuzz.actions import (
     Action,
     Evict,
@@ -61,6 +60,7 @@ from harness.fuzz.actions import (
     Schedule,
     StepBoundary,
 )
+from harness.lockstep import run_event
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 

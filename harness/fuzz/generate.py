@@ -14,8 +14,6 @@ import random
 from dataclasses import dataclass, field
 
 from harness.cache_config import CacheConfig, GroupConfig
-from harness.fuzz.configs import TEMPLATES, draw_cache_config
-from impl.block_hash import HASH_FUNCTIONS
 from harness.fuzz.actions import (
     Action,
     Evict,
@@ -29,6 +27,8 @@ from harness.fuzz.actions import (
     Schedule,
     StepBoundary,
 )
+from harness.fuzz.configs import TEMPLATES, draw_cache_config
+from impl.block_hash import HASH_FUNCTIONS
 
 
 @dataclass(frozen=True, slots=True)

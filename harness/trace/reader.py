@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.exit_codes import ExitCode
+from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
 from impl.profiles import UnsupportedVersion, VersionProfile, get_profile

@@ -18,7 +18,8 @@ EXAMPLE = TRACES / "scenarios" / "documented-example.yaml"
 def test_replay_passes_on_every_bundled_trace():
     for path in find_traces([str(TRACES)]):
         o = check_trace(path, ["impl"])
-        assert o.exit_code == 0, (path, o.error, o.divergence and format_failure(o.divergence, o.context))
+        assert o.exit_code == 0, (path, o.error,
+                                  o.divergence and format_failure(o.divergence, o.context))
         assert o.num_events > 0
 
 
@@ -27,7 +28,8 @@ def test_diff_passes_on_every_bundled_trace_of_the_installed_version():
     checked = 0
     for path in find_traces([str(TRACES)]):
         o = check_trace(path, ["vllm", "impl"], explicit=False)
-        assert o.exit_code == 0, (path, o.error, o.divergence and format_failure(o.divergence, o.context))
+        assert o.exit_code == 0, (path, o.error,
+                                  o.divergence and format_failure(o.divergence, o.context))
         checked += o.skipped is None
     assert checked >= 12
 

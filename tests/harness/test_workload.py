@@ -10,8 +10,8 @@ from harness.backends.impl_backend import ImplBackend
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import Checkpoint, Free, Preempt
 from harness.lockstep import run_lockstep
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
 from harness.report import format_failure
+from harness.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 P = get_profile("0.32")
@@ -55,5 +55,6 @@ def test_workload_identical_on_impl_and_vllm_0_17():
 
     p017 = get_profile("0.17")
     stream = SchedulerWorkload(SPEC, p017, CONFIG.num_blocks).events()
-    result = run_lockstep(stream, [VllmBackend(CONFIG, p017), ImplBackend(CONFIG, p017, check=True)])
+    result = run_lockstep(stream, [VllmBackend(CONFIG, p017),
+                                   ImplBackend(CONFIG, p017, check=True)])
     assert result.failure is None, format_failure(result.failure)

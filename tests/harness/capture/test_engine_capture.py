@@ -9,8 +9,8 @@ import torch
 
 from harness.backends.impl_backend import ImplBackend
 from harness.replay import check_trace
-from harness.trace import open_trace
 from harness.report import format_failure
+from harness.trace import open_trace
 
 pytestmark = pytest.mark.vllm
 

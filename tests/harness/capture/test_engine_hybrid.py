@@ -8,8 +8,8 @@ import pytest
 
 from harness.capture.errors import CaptureGap
 from harness.replay import check_trace
-from harness.trace import open_trace
 from harness.report import format_failure
+from harness.trace import open_trace
 
 pytestmark = pytest.mark.vllm
 

@@ -1,8 +1,8 @@
+import pytest
+
 from harness.fuzz.actions import New, Schedule
 from harness.fuzz.campaign import case_rng
 from harness.fuzz.generate import FuzzConfig, draw_case
-
-import pytest
 
 
 def test_cases_are_reproducible():

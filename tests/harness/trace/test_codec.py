@@ -4,8 +4,21 @@ import pytest
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import (
-    AddRequest, Allocate, AppendTokens, CacheBlocks, Checkpoint, EvictBlocks, Free, LoRA,
-    Lookup, MMFeature, Preempt, PromptEmbeds, RecordStats, ResetPrefixCache, Step,
+    AddRequest,
+    Allocate,
+    AppendTokens,
+    CacheBlocks,
+    Checkpoint,
+    EvictBlocks,
+    Free,
+    Lookup,
+    LoRA,
+    MMFeature,
+    Preempt,
+    PromptEmbeds,
+    RecordStats,
+    ResetPrefixCache,
+    Step,
 )
 from harness.trace import TraceWriter, open_trace
 from harness.trace.codec import ModelShape, TraceHeader
