@@ -79,6 +79,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    if (code := check_vllm()) is not None:
+        return code
     if not args.no_attention:
         # Decide how Triton runs (interpreted without CUDA) before vLLM imports
         # triton: kernels defined under another mode cannot call each other.
@@ -152,6 +154,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     paths = find_traces(args.traces)
     if not paths:
         return fail(f"no traces under {' '.join(args.traces)}")
+    if args.diff and (code := check_vllm()) is not None:
+        return code
     backends = ["vllm", "impl"] if args.diff else ["impl"]
     codes = []
     for path in paths:

@@ -1,8 +1,8 @@
 """Events: the calls a scheduler makes on the KV cache manager, one per object.
 
-This is the input side of the driver protocol (DESIGN.md §4): every backend
-executes these and answers each with a plain JSON-able dict, so that the answers
-of impl, of vLLM and of a recorded trace compare with `==`.
+This is the input side of the driver protocol (specs/ARCHITECTURE.md): every
+backend executes these and answers each with a plain JSON-able dict, so that the
+answers of impl, of vLLM and of a recorded trace compare with `==`.
 
 Request state that the scheduler owns (num_computed_tokens, status, preemption
 count) is advanced by the backend the way vLLM's scheduler advances it:

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from harness.diff import Failure, FailureKind
+from harness.exit_codes import ExitCode
 from harness.replay import DivergenceContext, TraceOutcome
 from harness.trace.codec import event_to_dict
 
@@ -63,7 +64,8 @@ def format_failure(f: Failure, context: DivergenceContext | None = None) -> str:
 
 def format_outcome_line(o: TraceOutcome) -> str:
     if o.error is not None:
-        return f"{o.path}: bad input"
+        return f"{o.path}: " + ("not checked (environment)"
+                                if o.error.exit_code == ExitCode.ENVIRONMENT else "bad input")
     if o.skipped:
         return f"{o.path}: skipped ({o.skipped})"
     verdict = "DIVERGED" if o.divergence else "conformant"
