@@ -89,3 +89,44 @@ def test_streaming_replay_peak_rss(benchmark):
     benchmark.pedantic(lambda: None, rounds=1)
     # Ten times the events may not cost anything like ten times the memory.
     assert large < small * 1.25, rows
+
+
+@pytest.mark.benchmark(group="event-step")
+def test_event_step_overhead(benchmark):
+    """What harness/lockstep.run_event adds to the backend's own work: the
+    same 100k events through run_lockstep and straight through backend.run
+    (fresh impl backends, the same answers), in the same run. The step
+    allocates nothing when the answers agree, so the ratio stays near 1."""
+    import time
+
+    from harness.lockstep import run_lockstep
+
+    events = [r.event for r in open_trace_records(workload_trace(100_000))]
+
+    def direct() -> float:
+        backend = ImplBackend(CONFIG, P)
+        t0 = time.perf_counter()
+        for e in events:
+            backend.run(e)
+        return time.perf_counter() - t0
+
+    def stepped() -> float:
+        backend = ImplBackend(CONFIG, P)
+        t0 = time.perf_counter()
+        result = run_lockstep(events, [backend])
+        seconds = time.perf_counter() - t0
+        assert result.failure is None and result.num_events == len(events)
+        return seconds
+
+    best = {"direct": min(direct() for _ in range(3)), "stepped": min(stepped() for _ in range(3))}
+    benchmark.pedantic(lambda: None, rounds=1)
+    benchmark.extra_info["events"] = len(events)
+    benchmark.extra_info["direct_events_per_s"] = len(events) / best["direct"]
+    benchmark.extra_info["stepped_events_per_s"] = len(events) / best["stepped"]
+    benchmark.extra_info["step_overhead_ratio"] = best["stepped"] / best["direct"]
+
+
+def open_trace_records(path: str):
+    from harness.trace import open_trace
+
+    return list(open_trace(path).records)

@@ -5,25 +5,26 @@ overlay of ci/vllm-017-overlay.sh), for the golden v0.17 traces. Not run by CI.
         capture scheduler --all --out traces/golden/v0.17
 """
 
-import argparse
 import sys
+
+from harness.cli_support import Parser, fail, run_verb
+from harness.exit_codes import ExitCode
 
 
 def main() -> int:
     import vllm
 
     if not vllm.__version__.startswith("0.17."):
-        print(f"ci/vllm017_capture.py: vLLM {vllm.__version__} is imported, not 0.17.x "
-              "(PYTHONPATH=<overlay>/src:<overlay>/extra)", file=sys.stderr)
-        return 3
+        return fail(f"vLLM {vllm.__version__} is imported, not 0.17.x "
+                    "(PYTHONPATH=<overlay>/src:<overlay>/extra)", ExitCode.ENVIRONMENT)
     from harness.capture.cli import register
     from harness.capture.overlay_platform import use_cpu_platform_without_kernels
 
     use_cpu_platform_without_kernels()
-    parser = argparse.ArgumentParser(prog="kvconform")
-    register(parser.add_subparsers(dest="verb", required=True))
+    parser = Parser(prog="kvconform")
+    register(parser.add_subparsers(dest="verb", required=True, parser_class=Parser))
     args = parser.parse_args()
-    return args.func(args)
+    return run_verb(args.func, args)
 
 
 if __name__ == "__main__":
