@@ -79,12 +79,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    if (code := check_vllm()) is not None:
-        return code
     if not args.no_attention:
         # Decide how Triton runs (interpreted without CUDA) before vLLM imports
-        # triton: kernels defined under another mode cannot call each other.
+        # triton (check_vllm imports vLLM): kernels defined under another mode
+        # cannot call each other.
         import impl.kernels.triton_mode  # noqa: F401
+    if (code := check_vllm()) is not None:
+        return code
     return _run_traces(args, ["vllm", "impl"])
 
 
