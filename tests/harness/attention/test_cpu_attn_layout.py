@@ -5,7 +5,7 @@ gives back exactly; what pack builds, vLLM's attention reads as its own."""
 import pytest
 import torch
 
-from harness.attention.cpu_attn_layout import pack, region_index, unpack
+from harness.backends.vllm_cpu_attn_layout import pack, region_index, unpack
 from harness.backends.vllm_cpu_attention import VllmCpuAttention
 from impl.kv_cache_tensors import (
     KVCacheLayout,
