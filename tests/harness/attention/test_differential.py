@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-import harness.attention.layer_check as layer_check
+import harness.attention.impl_call as impl_call
 import harness.attention.steps as steps
 from harness.attention.differential import AttentionOptions, check_attention, wants_attention
 from harness.attention.seeded import STREAM_KEY, STREAM_QUERY, STREAM_VALUE, seeded_rows
@@ -110,14 +110,14 @@ def _line_of(text: str) -> int:
 
 
 def test_a_wrong_output_is_the_first_divergence_with_its_request(hand_trace, monkeypatch):
-    real = layer_check.unified_attention
+    real = impl_call.unified_attention
 
     def off_by_a_bit(q, k, v, out, cu, *args, **kwargs):
         real(q, k, v, out, cu, *args, **kwargs)
         if int(cu[-1]) == 6:  # the batch of a's decode and b's 5-token prefill
             out[3, 1, 7] += 0.05  # b's token at position 66 (rows: a, b, b, b...)
 
-    monkeypatch.setattr(layer_check, "unified_attention", off_by_a_bit)
+    monkeypatch.setattr(impl_call, "unified_attention", off_by_a_bit)
     o = check_attention(hand_trace, NO_VLLM)
     d = o.divergence
     assert o.exit_code == 1 and d.check == "impl~reference"
@@ -135,19 +135,19 @@ def test_a_block_with_another_prefixs_rows_is_a_divergence(hand_trace, monkeypat
 
     monkeypatch.setattr(steps, "ImplBackend", SwappedBlocks)
     o = check_attention(hand_trace, NO_VLLM)
-    assert o.exit_code == 1 and o.divergence.check == "prefix content"
-    assert "request 'b' position 16 (block 20)" in o.divergence.message
+    assert o.exit_code == 1 and o.divergence.check == "block table"
+    assert "request 'b': entry 1 of its block-table row is block 20" in o.divergence.message
 
 
 def test_a_token_left_unwritten_is_a_divergence(hand_trace, monkeypatch):
-    real = layer_check.reshape_and_cache
+    real = impl_call.reshape_and_cache
 
     def skip_last(k, v, kc, vc, slots, *args):
         slots = slots.clone()
         slots[(slots >= 0).nonzero()[-1]] = -1
         real(k, v, kc, vc, slots, *args)
 
-    monkeypatch.setattr(layer_check, "reshape_and_cache", skip_last)
+    monkeypatch.setattr(impl_call, "reshape_and_cache", skip_last)
     o = check_attention(hand_trace, NO_VLLM)
     assert o.exit_code == 1 and o.divergence.check == "cache write"
     assert o.divergence.step == 0
@@ -219,7 +219,8 @@ def test_a_shape_vllms_cpu_kernels_refuse_is_checked_against_the_reference(tmp_p
     trace.write_text(HAND.replace("head_size: 32", "head_size: 16"))
     o = check_attention(str(trace))
     assert o.exit_code == 0, "\n".join(o.summary_lines())
-    assert any("refuses head_size 16" in n for n in o.notes)
+    assert "not 16; compared with the reference only" in o.vllm_groups[0]
+    assert any("vLLM not compared" in line for line in o.summary_lines())
     assert "impl~vllm" not in o.stats and o.stats["impl~reference"].ok
 
 
