@@ -66,6 +66,10 @@ MLA_LATENT, MLA_ROPE = 512, 64
 _SINK_SEED = 0x51A7C5
 
 
+class BadTrace(ValueError):
+    """The trace cannot be checked as it stands (exit code 2)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionOptions:
     dtype: str | None = None  # default: the trace's model dtype
@@ -187,7 +191,7 @@ def check_attention(path: str, options: AttentionOptions = AttentionOptions()
         _run(path, options, outcome)
     except TraceError as e:
         outcome.error, outcome.error_code = str(e), ExitCode(e.exit_code)
-    except (SidecarError, ValueError) as e:
+    except (SidecarError, BadTrace) as e:
         outcome.error, outcome.error_code = f"{path}: {e}", ExitCode.BAD_INPUT
     except VllmUnavailable as e:
         outcome.error, outcome.error_code = f"{path}: {e}", ExitCode.ENVIRONMENT
@@ -208,11 +212,15 @@ def _run(path: str, options: AttentionOptions, outcome: AttentionOutcome) -> Non
     trace = open_trace(path)
     header = trace.header
     if header.model is None:
-        raise ValueError("the trace has no `model` header: nothing to size KV tensors with")
+        raise BadTrace("model: the trace has no `model` header: nothing to size KV tensors "
+                       "with")
     recorded = None
     if header.tensors is not None:
         recorded = RecordedTensors(_sidecar_path(path, header.tensors))
-    dtype = torch_dtype(options.dtype or header.model.dtype)
+    try:
+        dtype = torch_dtype(options.dtype or header.model.dtype)
+    except ValueError as e:
+        raise BadTrace(f"model.dtype: {e}") from None
     outcome.dtype = dtype_name(dtype)
     groups = _groups(header, options, dtype, recorded, outcome)
     for batch in iter_batches(trace):
@@ -275,7 +283,7 @@ def _groups(header, options: AttentionOptions, dtype: torch.dtype,
         if kind.sink_len:
             _write_sinks(groups[-1])
     if not groups:
-        raise ValueError("no attention group in the trace")
+        raise BadTrace("cache.groups: no attention group in the trace")
     if recorded is not None and not any(x.recorded for x in groups):
         outcome.notes.append("the sidecar's layer matches no group: recorded outputs "
                              "not compared")
@@ -364,7 +372,8 @@ def _write(batch: StepBatch, group: _Group, spans: list[ScheduledRequest], key, 
     for r, where in zip(spans, trace_slots):
         ids = identities(batch.hashes(r.req_id, r.positions))
         ledger.record(where, ids, hashes[start:start + r.num_new], r.req_id,
-                      torch.arange(r.num_computed, r.num_computed + r.num_new), batch.step)
+                      torch.arange(r.num_computed, r.num_computed + r.num_new), batch.step,
+                      batch.num_known(r.req_id))
         start += r.num_new
 
 
@@ -375,9 +384,10 @@ def _check_batch(batch: StepBatch, group: _Group, recorded: RecordedTensors | No
     check = BatchCheck()
     if recorded is not None and (s.kind.is_mla or not _fits(recorded, layer)):
         recorded = None
-    if batch.external:  # a KV connector's load: written, never queried
-        k, v, _, _ = _inputs(batch, batch.external, layer, None)
-        _write(batch, group, batch.external, k, v, check)
+    external = [x for x in (_held_part(r, table, s.block_size) for r in batch.external) if x]
+    if external:  # a KV connector's load: written, never queried
+        _, k, v, _ = _inputs(batch, external, layer, None)
+        _write(batch, group, external, k, v, check)
     if batch.scheduled and not check.problems:
         attn = build_attention_batch(batch.scheduled, table)
         q, k, v, out = _inputs(batch, batch.scheduled, layer, recorded)
@@ -395,6 +405,18 @@ def _check_batch(batch: StepBatch, group: _Group, recorded: RecordedTensors | No
     for name, stats in check.stats.items():
         outcome.stats.setdefault(name, ErrorStats()).merge(stats)
     return _first_problem(batch, group.index, check)
+
+
+def _held_part(r: ScheduledRequest, table, block_size: int) -> ScheduledRequest | None:
+    """The connector-loaded tokens whose blocks the group holds: a sliding
+    window's manager leaves the blocks of tokens no query will see null, and
+    nothing is written there."""
+    row = table.row(r.req_id)
+    first = r.num_computed
+    while first < r.num_computed + r.num_new and row[first // block_size] == 0:
+        first += block_size - first % block_size
+    end = r.num_computed + r.num_new
+    return ScheduledRequest(r.req_id, first, end - first) if first < end else None
 
 
 def _visible(r: ScheduledRequest, kind: AttentionKind) -> torch.Tensor:

@@ -77,6 +77,9 @@ class BlockLedger:
         self.identity = torch.zeros(n, dtype=torch.int64)
         self.content = torch.zeros(n, dtype=torch.int64)
         self.written = torch.zeros(n, dtype=torch.bool)
+        # Written before the trace named the token (a speculative position):
+        # its identity is not known, only its bytes are checked.
+        self.provisional = torch.zeros(n, dtype=torch.bool)
         self.step = torch.full((n,), -1, dtype=torch.int64)
         self.position = torch.full((n,), -1, dtype=torch.int64)
         self.writer = torch.full((n,), -1, dtype=torch.int64)
@@ -134,7 +137,9 @@ class BlockLedger:
         return want
 
     def record(self, slots: torch.Tensor, ids: torch.Tensor, contents: torch.Tensor,
-               req_id: str | None, positions: torch.Tensor, step: int) -> None:
+               req_id: str | None, positions: torch.Tensor, step: int,
+               num_known: int | None = None) -> None:
+        """num_known: positions from this one on were not named yet."""
         if req_id is None:
             writer = -1
         else:
@@ -145,6 +150,7 @@ class BlockLedger:
         self.identity[slots] = ids
         self.content[slots] = contents
         self.written[slots] = True
+        self.provisional[slots] = (positions >= num_known) if num_known is not None else False
         self.step[slots] = step
         self.position[slots] = positions
         self.writer[slots] = writer
@@ -185,7 +191,7 @@ class BlockLedger:
                     ids: torch.Tensor, cache_hashes) -> LedgerProblem | None:
         """Each slot holds the token it should (identity) and what was
         written there (bytes)."""
-        ok = self.written[slots] & (self.identity[slots] == ids)
+        ok = self.written[slots] & ((self.identity[slots] == ids) | self.provisional[slots])
         if not bool(ok.all()):
             bad = int((~ok).nonzero()[0])
             slot = int(slots[bad])

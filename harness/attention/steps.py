@@ -70,6 +70,19 @@ class StepBatch:
         """Prefix hashes of a request's tokens at positions."""
         return self.hashers[req_id].get(positions)
 
+    def num_known(self, req_id: str) -> int:
+        """How many of a request's tokens the trace has named so far (later
+        positions, e.g. speculative ones, hash as unknown tokens)."""
+        return len(self.hashers[req_id].hashes)
+
+
+def _first_row(hit: list[int], held: list[int], new: list[int]) -> list[int]:
+    """A request's first row as the trace gives it: its lookup's hit, then
+    the blocks of connector-loaded tokens (which no answer names: taken from
+    the replay's manager), then its allocation's new blocks."""
+    middle = held[len(hit):len(held) - len(new)]
+    return list(hit) + list(middle) + list(new)
+
 
 def _max_blocks(max_model_len: int, block_size: int) -> int:
     # Lookahead slots may run a little past max_model_len.
@@ -126,13 +139,14 @@ def iter_batches(trace: Trace) -> Iterator[StepBatch]:
                 continue
             held = backend.block_table(ev.req)
             hit = hits.pop(ev.req, None) or [[] for _ in tables]
+            new = told.get("block_ids", answer["block_ids"])
             for g, table in enumerate(tables):
                 if ev.req not in table.rows:
                     table.add_row(ev.req, held[g])
-                    trace_rows[g][ev.req] = list(hit[g])
+                    trace_rows[g][ev.req] = _first_row(hit[g], held[g], new[g])
                 else:
                     table.append_row(ev.req, answer["block_ids"][g])
-                trace_rows[g][ev.req] += told.get("block_ids", answer["block_ids"])[g]
+                    trace_rows[g][ev.req] += new[g]
             after = backend.requests[ev.req].num_computed_tokens
             start_new = after - ev.num_new_tokens
             if ev.num_external_computed_tokens:
