@@ -9,7 +9,7 @@ rounding, fp8 included, is not an error). Its allowed error is
   + sigmas * u32 * (sqrt(n) + L) * M              fp32 logits, exp2 and sums
   + sigmas * u_p * R                              probabilities rounded to the
                                                   model dtype before P @ V
-  + sigmas * u_kv * (L + 1) * M                   fp8 keys/values rounded to
+  + sigmas * u_kv * (L + 1) * R                   fp8 keys/values rounded to
                                                   the model dtype after scaling
   + floor                                         half the dtype's subnormal step
 
@@ -93,7 +93,7 @@ class ErrorModel:
         if how.rounds_p:
             noise = noise + u_out * ref.spread
         if how.rounds_kv and kv_cache_dtype != "auto":
-            noise = noise + u_out * (logits + 1.0) * ref.mix
+            noise = noise + u_out * (logits + 1.0) * ref.spread
         return u_out * ref.out.abs() + self.sigmas * noise + _FLOOR[dtype]
 
     def table(self, dtype: torch.dtype, num_keys: int, logit_scale: float = 10.0) -> dict:
