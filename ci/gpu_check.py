@@ -77,6 +77,8 @@ if ARGS is not None:
 
 import torch  # noqa: E402
 
+from harness.exit_codes import ExitCode  # noqa: E402
+
 BYTES_TOKENS = 1 << 18  # decode: sequences x length held constant (256k tokens)
 PREFILL_ROWS_CHECKED = 256
 
@@ -425,7 +427,7 @@ def main(args=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("kvconform gpu-check: no CUDA GPU here (make gpu-check DRY=1 runs the "
               "interpreted dry run); nothing to check")
-        return 0
+        return ExitCode.OK
     if args.device == "cpu":
         # vLLM's reshape asks torch.cuda which GPU generation it runs on.
         torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
@@ -441,7 +443,7 @@ def main(args=None) -> int:
           f"{triton.__version__}; copy bandwidth {c.copy_gbps:.1f} GB/s; vLLM's kernels: "
           f"{where if attention else 'UNAVAILABLE: ' + where}", flush=True)
     if attention is None:
-        return 3
+        return ExitCode.ENVIRONMENT
     print(HEADER, flush=True)
     # bf16 is what the interpreter cannot compute: the dry run uses float32.
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
@@ -463,7 +465,7 @@ def main(args=None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"device": name, "copy_gbps": c.copy_gbps, "vllm_kernels": where,
                        "rows": [asdict(r) for r in c.rows]}, f, indent=1)
-    return 1 if failed else 0
+    return ExitCode.DIVERGED if failed else ExitCode.OK
 
 
 if __name__ == "__main__":

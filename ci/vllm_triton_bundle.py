@@ -34,6 +34,10 @@ import re
 import shutil
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.exit_codes import ExitCode  # noqa: E402
+
 OPS = ("triton_unified_attention.py", "triton_reshape_and_cache_flash.py",
        "triton_attention_helpers.py")
 
@@ -185,17 +189,17 @@ def build(out: str) -> list[str]:
 def main() -> int:
     if len(sys.argv) != 2:
         print("usage: ci/vllm_triton_bundle.py OUT", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         manifest = build(sys.argv[1])
     except ImportError as e:
         print(f"vllm_triton_bundle: the installed vLLM lacks what the bundle copies: {e}",
               file=sys.stderr)
-        return 3
+        return ExitCode.ENVIRONMENT
     size = sum(os.path.getsize(os.path.join(d, f))
                for d, _, fs in os.walk(sys.argv[1]) for f in fs)
     print(f"vllm_triton_bundle: {sys.argv[1]} ({size / 1024:.0f} KiB): {manifest[0]}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":
