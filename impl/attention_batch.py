@@ -62,3 +62,24 @@ def build_attention_batch(
         max_query_len=max(new, default=0),
         max_seq_len=max(seq, default=0),
     )
+
+
+def with_static_sinks(batch: AttentionBatch, sink_len: int, block_size: int,
+                      first_sink_block: int = 1) -> AttentionBatch:
+    """The batch as a layer with static sink tokens attends (vLLM:
+    SinkFullAttentionSpec's layers): sink_len learned key/value tokens live in
+    the blocks right after the null block (first_sink_block onwards), written
+    once; every request sees them before its own tokens. Each row of the block
+    table gets those blocks in front and each sequence sink_len more tokens,
+    so the sinks sit at positions 0 .. sink_len - 1, visible to every query.
+    The slot mapping (where the batch's own tokens are written) is unchanged."""
+    if sink_len <= 0 or sink_len % block_size:
+        raise ValueError(f"sink_len {sink_len} must be a positive multiple of the "
+                         f"block size {block_size}")
+    n = sink_len // block_size
+    sink_ids = torch.arange(first_sink_block, first_sink_block + n, dtype=torch.int32,
+                            device=batch.block_table.device)
+    table = torch.cat([sink_ids.expand(batch.num_reqs, n), batch.block_table], dim=1)
+    return AttentionBatch(batch.query_start_loc, batch.seq_lens + sink_len,
+                          table.contiguous(), batch.slot_mapping, batch.max_query_len,
+                          batch.max_seq_len + sink_len)

@@ -15,10 +15,15 @@ the layout decides their strides, so kernels take any layout through strides:
   into a K part and a V part of block_size * head_size each. Inside them K is
   stored [head_size, block_size] (column-major) and V [block_size, head_size],
   the order of vLLM's "vec" kernels; its AMX kernels pack the same bytes in
-  tiles (harness/attention/cpu_attn_layout.py converts).
+  tiles (harness/backends/vllm_cpu_attn_layout.py converts).
 
 A page is 2 * block_size * num_kv_heads * head_size elements, vLLM's
-AttentionSpec.page_size_bytes.
+AttentionSpec.page_size_bytes. An MLA layer (`KVCacheShape.mla`) caches one
+latent row per token instead of a key and a value: its page is
+block_size * head_size elements (MLAAttentionSpec), allocated (num_blocks,
+block_size, head_size) whatever the layout, and its `key` and `value` views are
+the same [block, offset, 1, head_size] view (attention takes the value as the
+row's first kv_lora_rank elements).
 """
 
 from __future__ import annotations
@@ -50,10 +55,12 @@ class KVCacheShape:
     num_kv_heads: int
     head_size: int
     dtype: torch.dtype
+    mla: bool = False  # one latent row per token (num_kv_heads 1), no separate value
 
     @property
     def page_elems(self) -> int:
-        return 2 * self.block_size * self.num_kv_heads * self.head_size
+        parts = 1 if self.mla else 2
+        return parts * self.block_size * self.num_kv_heads * self.head_size
 
     @property
     def page_size_bytes(self) -> int:
@@ -89,7 +96,7 @@ def plan_kv_cache_tensors(
     """One buffer per layer, each num_blocks pages: the plan vLLM makes for a
     model whose layers all share one KV cache spec."""
     page = shape.page_size_bytes
-    block_stride = page if layout.block_contiguous else page // 2
+    block_stride = page if layout.block_contiguous or shape.mla else page // 2
     return [KVCacheTensor(page * num_blocks, (name,), page * num_blocks, block_stride)
             for name in layer_names]
 
@@ -128,12 +135,12 @@ def _check_tensor(t: KVCacheTensor, num_blocks: int, shape: KVCacheShape,
     page = shape.page_size_bytes
     if any(v % item for v in (t.offset, t.layer_stride, t.block_stride)):
         raise ValueError(f"{t}: offsets and strides must be multiples of {item} bytes")
-    if layout.block_contiguous and t.block_stride < page:
+    if (layout.block_contiguous or shape.mla) and t.block_stride < page:
         raise ValueError(f"{t}: block_stride {t.block_stride} < page of {page} bytes")
-    if not layout.block_contiguous and t.block_stride != page // 2:
+    if not (layout.block_contiguous or shape.mla) and t.block_stride != page // 2:
         raise ValueError(f"{t}: the {layout.value} layout keeps K and V apart; "
                          f"block_stride must be half a page ({page // 2} bytes)")
-    if layout.block_contiguous:
+    if layout.block_contiguous or shape.mla:
         layer_bytes = t.block_stride * (num_blocks - 1) + page
     else:
         layer_bytes = page * num_blocks
@@ -152,6 +159,10 @@ def _layer_views(raw: torch.Tensor, start: int, block_stride: int, num_blocks: i
     def view(size, stride, offset=0):
         return storage.as_strided(size, stride, start + offset)
 
+    if shape.mla:
+        raw_view = view((num_blocks, n, h * d), (block_stride, h * d, 1))
+        latent = view((num_blocks, n, h, d), (block_stride, h * d, d, 1))
+        return LayerKVCache(latent, latent, raw_view)
     if layout is KVCacheLayout.STACKED:
         raw_view = view((2, num_blocks, n, h, d),
                         (num_blocks * half, block_stride, h * d, d, 1))

@@ -1,13 +1,15 @@
 """One attention layer checked batch by batch: impl's kernels against the
-float64 reference and against vLLM's CPU attention ops.
+float64 reference, against vLLM's CPU attention ops and (where the trace has
+them) against the outputs a real engine recorded.
 
-Per batch: the new keys and values go through impl's reshape_and_cache into
-impl-allocated KV tensors (NaN-filled, so a read of anything never written
-shows), through a float64 mirror, and through vLLM's cpu_attn_reshape_and_cache
-into vLLM's own cache; then impl's paged attention, the reference and vLLM's
-cpu_attention_with_kv_cache each compute the output. The batch is padded with
-rows whose slot is -1 and whose values are NaN: they must neither reach the
-cache nor be written to the output.
+Per batch: the new keys and values go through impl's reshape_and_cache (MLA:
+concat_and_cache_mla) into impl-allocated KV tensors (NaN-filled, so a read of
+anything never written shows), through a float64 mirror, and through vLLM's
+own write op into vLLM's own cache; then impl's paged attention, the reference
+and vLLM's op each compute the output. The batch is padded with rows whose
+slot is -1 and whose values are NaN: they must neither reach the cache nor be
+written to the output. Outputs are compared with the allowances of the error
+model (tolerances.py); the block ledger (ledger.py) is kept by the caller.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.attention.compare import ErrorStats, error_stats
-from harness.attention.reference import MirrorCache, quantize, reference_attention
-from harness.attention.tolerances import tolerance
+from harness.attention.impl_call import impl_attention, impl_write
+from harness.attention.kinds import AttentionKind
+from harness.attention.ledger import row_hashes
+from harness.attention.reference import MirrorCache, quantize, reference
+from harness.attention.tolerances import allowed, impl_path
 from impl.attention_batch import AttentionBatch
-from impl.kernels.reshape_and_cache import cache_torch_dtype, reshape_and_cache
-from impl.kernels.unified_attention import unified_attention
+from impl.kernels.reshape_and_cache import cache_torch_dtype
 from impl.kv_cache_tensors import (
     KVCacheLayout,
     KVCacheShape,
@@ -40,30 +44,38 @@ IMPL_VS_RECORDED = "impl~recorded"
 # Checks of the output; VLLM_VS_REFERENCE is informational (vLLM's own error).
 OUTPUT_CHECKS = (IMPL_VS_REFERENCE, IMPL_VS_VLLM, IMPL_VS_RECORDED)
 
+CACHE_WRITE = "cache write"
+PADDING = "padding"
+
 
 @dataclass(frozen=True, slots=True)
 class LayerSetup:
     num_blocks: int
     block_size: int
     num_heads: int
-    num_kv_heads: int
-    head_size: int
+    num_kv_heads: int  # MLA: 1
+    head_size: int  # MLA: kv_lora_rank + rope dim
     dtype: torch.dtype
     scale: float
-    sliding_window: int | None = None
+    kind: AttentionKind = AttentionKind()
     kv_cache_dtype: str = "auto"
     layout: KVCacheLayout = KVCacheLayout.CPU_ATTN
     device: str = "cpu"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
+    @property
+    def head_size_v(self) -> int:
+        return self.kind.head_size_v(self.head_size)
 
-CACHE_WRITE = "cache write"
-PADDING = "padding"
-PREFIX_CONTENT = "prefix content"
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return cache_torch_dtype(self.kv_cache_dtype, self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    check: str  # CACHE_WRITE, PADDING or PREFIX_CONTENT
+    check: str  # CACHE_WRITE, PADDING, or one of the ledger's
     message: str
     req_id: str | None = None
 
@@ -77,56 +89,100 @@ class BatchCheck:
     problems: list[Problem] = field(default_factory=list)
     # Output row -> (request, position), to name the worst element.
     row_owner: list[tuple[str, int]] = field(default_factory=list)
+    # Why vLLM's op did not run on this batch (None: it ran, or is off).
+    vllm_skipped: str | None = None
 
 
 class LayerCheck:
     def __init__(self, setup: LayerSetup, vllm=None) -> None:
         """vllm: a harness.backends.vllm_cpu_attention.VllmCpuAttention, or None."""
-        self.setup = setup
-        shape = KVCacheShape(setup.block_size, setup.num_kv_heads, setup.head_size,
-                             cache_torch_dtype(setup.kv_cache_dtype, setup.dtype))
-        plan = plan_kv_cache_tensors(["layer"], setup.num_blocks, shape, setup.layout)
-        self.cache = allocate_kv_cache(plan, setup.num_blocks, shape, setup.layout,
-                                       setup.device, fill=float("nan"))["layer"]
-        self.k_scale = torch.ones(1, dtype=torch.float32, device=setup.device)
-        self.v_scale = torch.ones(1, dtype=torch.float32, device=setup.device)
-        self.mirror = MirrorCache(setup.num_blocks, setup.block_size, setup.num_kv_heads,
-                                  setup.head_size, setup.kv_cache_dtype)
+        self.setup = s = setup
+        shape = KVCacheShape(s.block_size, s.num_kv_heads, s.head_size, s.cache_dtype,
+                             mla=s.kind.is_mla)
+        plan = plan_kv_cache_tensors(["layer"], s.num_blocks, shape, s.layout)
+        self.cache = allocate_kv_cache(plan, s.num_blocks, shape, s.layout, s.device,
+                                       fill=float("nan"))["layer"]
+        self.k_scale = torch.tensor([s.k_scale], dtype=torch.float32, device=s.device)
+        self.v_scale = torch.tensor([s.v_scale], dtype=torch.float32, device=s.device)
+        self.mirror = MirrorCache(s.num_blocks, s.block_size, s.num_kv_heads, s.head_size,
+                                  s.kv_cache_dtype, s.k_scale, s.v_scale)
         self.vllm = vllm
+        # vLLM's CPU fp8 cache keeps the leading mantissa bits (truncates) where
+        # impl, torch and CUDA round to nearest: its own mirror.
+        self.vllm_mirror = self.mirror
+        if vllm is not None and s.kv_cache_dtype != "auto":
+            self.vllm_mirror = MirrorCache(s.num_blocks, s.block_size, s.num_kv_heads,
+                                           s.head_size, s.kv_cache_dtype, s.k_scale,
+                                           s.v_scale, rounding="toward_zero")
 
     # -- writes -------------------------------------------------------------------
 
-    def write(self, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor,
+    def write(self, key: torch.Tensor, value: torch.Tensor | None, slots: torch.Tensor,
               check: BatchCheck) -> None:
-        """Write through impl, the mirror and vLLM; then compare what landed."""
+        """Write through impl, the mirror and vLLM; then compare what landed.
+        key/value: [tokens, kv heads, head_size] (MLA: key = latent rows)."""
         dev = self.setup.device
-        reshape_and_cache(key.to(dev), value.to(dev), self.cache.key, self.cache.value,
-                          slots.to(dev), self.setup.kv_cache_dtype, self.k_scale, self.v_scale)
+        impl_write(key.to(dev), None if value is None else value.to(dev), self.cache,
+                   slots.to(dev), self.setup.kind, self.setup.kv_cache_dtype, self.k_scale,
+                   self.v_scale)
         self.mirror.write(key, value, slots)
         if self.vllm is not None:
             self.vllm.write(key, value, slots)
+            if self.vllm_mirror is not self.mirror:
+                self.vllm_mirror.write(key, value, slots)
         self._check_cache(slots, check)
+
+    def cache_rows(self, slots: torch.Tensor):
+        """What impl's cache holds at slots: (key, value) [n, kv heads, dim]
+        in the cache dtype (MLA: value None)."""
+        dev, bs = self.setup.device, self.setup.block_size
+        slots = slots.to(dev)
+        blocks, offsets = slots // bs, slots % bs
+        key = self.cache.key[blocks, offsets].cpu()
+        value = None if self.setup.kind.is_mla else self.cache.value[blocks, offsets].cpu()
+        return key, value
+
+    def cache_hashes(self, slots: torch.Tensor) -> torch.Tensor:
+        return row_hashes(*self.cache_rows(slots))
+
+    def expected_hashes(self, key: torch.Tensor, value: torch.Tensor | None) -> torch.Tensor:
+        """Row hashes of key/value as impl's cache must hold them."""
+        s = self.setup
+
+        def stored(x, scale):
+            if x is None:
+                return None
+            if s.kv_cache_dtype == "auto":
+                return x.to(s.cache_dtype)
+            return (quantize(x, s.kv_cache_dtype, scale) / scale).to(s.cache_dtype)
+
+        return row_hashes(stored(key, s.k_scale), stored(value, s.v_scale))
 
     def _check_cache(self, slots: torch.Tensor, check: BatchCheck) -> None:
         written = slots[slots >= 0].cpu()
         if written.numel() == 0:
             return
-        bs, dev = self.setup.block_size, self.setup.device
-        blocks, offsets = written // bs, written % bs
-        mine_k = self.cache.key[blocks.to(dev), offsets.to(dev)].cpu()
-        mine_v = self.cache.value[blocks.to(dev), offsets.to(dev)].cpu()
+        s = self.setup
+        mine_k, mine_v = self.cache_rows(written)
+        want_k, want_v = self.mirror.gather_slots(written)
         # The cache holds x / scale; the mirror x as the cache can hold it.
-        k_ok = torch.equal(mine_k.double() * float(self.k_scale), self.mirror.key[blocks, offsets])
-        v_ok = torch.equal(mine_v.double() * float(self.v_scale),
-                           self.mirror.value[blocks, offsets])
-        if not (k_ok and v_ok):
-            check.problems.append(Problem(CACHE_WRITE, "impl's reshape_and_cache stored "
-                                          "other values than the reference at the batch's slots"))
-        if self.vllm is not None and self.setup.kv_cache_dtype == "auto":
-            their_k, their_v = self.vllm.unpacked_slots(written)
-            if not (torch.equal(mine_k, their_k) and torch.equal(mine_v, their_v)):
-                check.problems.append(Problem(CACHE_WRITE, "impl's cache and vLLM's (converted "
-                                              "from its CPU layout) differ at the batch's slots"))
+        ok = torch.equal(mine_k.double() * s.k_scale, want_k)
+        if mine_v is not None:
+            ok = ok and torch.equal(mine_v.double() * s.v_scale, want_v)
+        if not ok:
+            check.problems.append(Problem(CACHE_WRITE, "impl's cache write stored other "
+                                          "values than the reference at the batch's slots"))
+        if self.vllm is None:
+            return
+        their_k, their_v = self.vllm.unpacked_slots(written)
+        want_k, want_v = self.vllm_mirror.gather_slots(written)
+        same = torch.equal(their_k.double(), want_k)
+        if their_v is not None:
+            same = same and torch.equal(their_v.double(), want_v)
+        if not same:
+            what = "its own fp8 rounding of" if s.kv_cache_dtype != "auto" else ""
+            check.problems.append(Problem(CACHE_WRITE, "vLLM's cache (converted from its CPU "
+                                          f"layout) differs from {what} the batch's rows"))
 
     # -- attention ------------------------------------------------------------------
 
@@ -135,40 +191,45 @@ class LayerCheck:
         """query: [num_tokens (padding included), num_heads, head_size]."""
         s, dev = self.setup, self.setup.device
         n = batch.num_actual_tokens
-        out = torch.full_like(query, float("nan"), device=dev)
-        unified_attention(query.to(dev), self.cache.key, self.cache.value, out,
-                          batch.query_start_loc.to(dev), batch.seq_lens.to(dev),
-                          batch.block_table.to(dev), scale=s.scale,
-                          sliding_window=s.sliding_window, max_query_len=batch.max_query_len,
-                          kv_cache_dtype=s.kv_cache_dtype, k_scale=self.k_scale,
-                          v_scale=self.v_scale)
+        out = torch.full((query.shape[0], s.num_heads, s.head_size_v), float("nan"),
+                         dtype=s.dtype, device=dev)
+        on_dev = _batch_to(batch, dev)
+        impl_attention(query.to(dev), self.cache, out, on_dev, s.scale, s.kind,
+                       s.kv_cache_dtype, self.k_scale, self.v_scale)
         out = out.cpu()
         if not torch.isnan(out[n:]).all():
             check.problems.append(Problem(PADDING, "impl's attention wrote output rows past "
                                           "the batch's tokens"))
-        ref = reference_attention(query[:n], self.mirror, batch, s.scale, s.sliding_window)
-        self._stat(check, IMPL_VS_REFERENCE, out[:n], ref, "reference")
+        ref = reference(query[:n], self.mirror, batch, s.scale, s.kind)
+        mine = impl_path()
+        kvd = s.kv_cache_dtype
+        check.stats[IMPL_VS_REFERENCE] = error_stats(
+            out[:n], ref.out, allowed(ref, s.dtype, mine, kv_cache_dtype=kvd))
         if self.vllm is not None:
+            check.vllm_skipped = self.vllm.serves(batch)
+        if self.vllm is not None and check.vllm_skipped is None:
             theirs = self.vllm.forward(query, batch)
-            self._stat(check, IMPL_VS_VLLM, out[:n], theirs, "vllm")
-            self._stat(check, VLLM_VS_REFERENCE, theirs, ref, "reference")
+            their_ref = ref
+            if self.vllm_mirror is not self.mirror:
+                their_ref = reference(query[:n], self.vllm_mirror, batch, s.scale, s.kind)
+            check.stats[VLLM_VS_REFERENCE] = error_stats(
+                theirs, their_ref.out, allowed(their_ref, s.dtype, "vllm_cpu",
+                                               kv_cache_dtype=kvd))
+            if kvd == "auto":  # else their cache holds other values than impl's
+                check.stats[IMPL_VS_VLLM] = error_stats(
+                    out[:n], theirs, allowed(ref, s.dtype, mine, "vllm_cpu"))
         if recorded_output is not None:
-            self._stat(check, IMPL_VS_RECORDED, out[:n], recorded_output, "vllm")
+            check.stats[IMPL_VS_RECORDED] = error_stats(
+                out[:n], recorded_output.reshape(out[:n].shape),
+                allowed(ref, s.dtype, mine, "vllm_cpu", kv_cache_dtype=kvd))
 
-    def _stat(self, check: BatchCheck, name: str, actual, expected, against: str) -> None:
-        tol = tolerance(self.setup.dtype, against, self.setup.kv_cache_dtype)
-        check.stats[name] = error_stats(actual, expected, tol)
 
-    # -- prefix content -------------------------------------------------------------------
-
-    def content_matches(self, block_row: torch.Tensor, positions: torch.Tensor,
-                        key_rows: torch.Tensor, value_rows: torch.Tensor) -> torch.Tensor:
-        """Which positions of a request hold exactly key_rows/value_rows (the
-        rows the request itself would write there) in the mirror."""
-        k, v = self.mirror.gather(block_row, positions)
-        want_k = quantize(key_rows, self.setup.kv_cache_dtype)
-        want_v = quantize(value_rows, self.setup.kv_cache_dtype)
-        return (k == want_k).flatten(1).all(1) & (v == want_v).flatten(1).all(1)
+def _batch_to(batch: AttentionBatch, device: str) -> AttentionBatch:
+    if device == "cpu":
+        return batch
+    return AttentionBatch(batch.query_start_loc.to(device), batch.seq_lens.to(device),
+                          batch.block_table.to(device), batch.slot_mapping.to(device),
+                          batch.max_query_len, batch.max_seq_len)
 
 
 def padded_len(num_tokens: int) -> int:

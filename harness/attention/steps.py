@@ -32,6 +32,7 @@ from harness.events import (
     AppendTokens,
     EvictBlocks,
     Free,
+    Lookup,
     Preempt,
     ResetPrefixCache,
     Step,
@@ -40,9 +41,12 @@ from harness.trace import Trace
 from impl.attention_batch import ScheduledRequest
 from impl.block_table import BlockTable
 
-# Attention kinds the paged attention kernels compute; other groups (MLA, mamba,
-# chunked local, cross, sinks) are left out of the attention differential.
-ATTENTION_KINDS = ("full_attention", "sliding_window")
+# KV cache group kinds the trace differential runs attention for (see
+# differential.py for how each becomes a kinds.AttentionKind); mamba groups
+# hold no attention and cross-attention groups need the encoder's tokens,
+# which traces do not carry (cross attention is checked at kernel level).
+ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local_attention",
+                   "sink_full_attention", "mla_attention")
 
 
 @dataclass(slots=True)
@@ -59,10 +63,25 @@ class StepBatch:
     hashers: dict[str, PrefixHasher]
     # Trace line of each scheduled request's allocation.
     lines: dict[str, int] = field(default_factory=dict)
+    # Per group, each request's row as the trace's answers give it.
+    trace_rows: list[dict[str, list[int]]] = field(default_factory=list)
 
     def hashes(self, req_id: str, positions: range) -> list[int]:
         """Prefix hashes of a request's tokens at positions."""
         return self.hashers[req_id].get(positions)
+
+    def num_known(self, req_id: str) -> int:
+        """How many of a request's tokens the trace has named so far (later
+        positions, e.g. speculative ones, hash as unknown tokens)."""
+        return len(self.hashers[req_id].hashes)
+
+
+def _first_row(hit: list[int], held: list[int], new: list[int]) -> list[int]:
+    """A request's first row as the trace gives it: its lookup's hit, then
+    the blocks of connector-loaded tokens (which no answer names: taken from
+    the replay's manager), then its allocation's new blocks."""
+    middle = held[len(hit):len(held) - len(new)]
+    return list(hit) + list(middle) + list(new)
 
 
 def _max_blocks(max_model_len: int, block_size: int) -> int:
@@ -77,13 +96,15 @@ def iter_batches(trace: Trace) -> Iterator[StepBatch]:
     tables = [BlockTable(g.block_size, _max_blocks(cache.max_model_len, g.block_size))
               for g in cache.groups]
     hashers: dict[str, PrefixHasher] = {}
+    trace_rows: list[dict[str, list[int]]] = [{} for _ in cache.groups]
+    hits: dict[str, list[list[int]]] = {}  # a lookup's hit, until the allocate adopts it
     step = -1
-    batch = StepBatch(step, 0, [], [], tables, hashers)
+    batch = StepBatch(step, 0, [], [], tables, hashers, trace_rows=trace_rows)
 
     def flush():
         nonlocal batch
         done = batch
-        batch = StepBatch(step, 0, [], [], tables, hashers)
+        batch = StepBatch(step, 0, [], [], tables, hashers, trace_rows=trace_rows)
         return done if done.scheduled or done.external else None
 
     for record in trace.records:
@@ -99,6 +120,7 @@ def iter_batches(trace: Trace) -> Iterator[StepBatch]:
             if done is not None:
                 yield done
         answer = backend.run(ev)
+        told = record.answer if record.answer is not None else answer
         if isinstance(ev, Step):
             step += 1
             batch.step = step
@@ -110,15 +132,21 @@ def iter_batches(trace: Trace) -> Iterator[StepBatch]:
             hashers[ev.req].extend(list(ev.prompt))
         elif isinstance(ev, AppendTokens):
             hashers[ev.req].extend(list(ev.tokens))
+        elif isinstance(ev, Lookup):
+            hits[ev.req] = [list(ids) for ids in told.get("block_ids", [])]
         elif isinstance(ev, Allocate):
             if "refused" in answer:
                 continue
             held = backend.block_table(ev.req)
+            hit = hits.pop(ev.req, None) or [[] for _ in tables]
+            new = told.get("block_ids", answer["block_ids"])
             for g, table in enumerate(tables):
                 if ev.req not in table.rows:
                     table.add_row(ev.req, held[g])
+                    trace_rows[g][ev.req] = _first_row(hit[g], held[g], new[g])
                 else:
                     table.append_row(ev.req, answer["block_ids"][g])
+                    trace_rows[g][ev.req] += new[g]
             after = backend.requests[ev.req].num_computed_tokens
             start_new = after - ev.num_new_tokens
             if ev.num_external_computed_tokens:
@@ -130,8 +158,10 @@ def iter_batches(trace: Trace) -> Iterator[StepBatch]:
                 batch.lines[ev.req] = record.line
             batch.line = record.line
         elif isinstance(ev, (Free, Preempt)):
-            for table in tables:
+            hits.pop(ev.req, None)
+            for table, rows in zip(tables, trace_rows):
                 table.remove_row(ev.req)
+                rows.pop(ev.req, None)
             if isinstance(ev, Free):
                 hashers.pop(ev.req, None)
     done = flush()

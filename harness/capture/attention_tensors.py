@@ -88,6 +88,10 @@ class AttentionTensorCapture:
         keep("query_start_loc", md.query_start_loc.to(torch.int32))
         for attr in _METADATA_TENSORS:
             keep(attr, getattr(md, attr))
+        # Their scale, so a reader sees the signal is large enough to compare.
+        self.metadata[prefix + "rms"] = json.dumps({
+            k: round(float(self.tensors[prefix + k].float().pow(2).mean().sqrt()), 6)
+            for k in ("query", "key", "value", "output")})
         num_reqs = md.query_start_loc.shape[0] - 1
         ids = self.req_ids()[:num_reqs] if self.req_ids is not None else []
         self.metadata[prefix + "req_ids"] = json.dumps(ids)

@@ -1,8 +1,9 @@
 """Engine capture: a real vLLM engine on this CPU, a tiny random model, a preset's traffic.
 
 The engine is vLLM's own `LLM` (model runner, CPU attention, scheduler, output
-processing), built from a locally written tiny Qwen2 config with dummy weights
-and no tokenizer (or, with a sliding window, a tiny Llama whose layers
+processing), built from a locally written tiny Qwen2 config with seeded
+weights that make its attention tensors O(1) (seeded_weights.py) and no
+tokenizer (or, with a sliding window, a tiny Llama whose layers
 alternate sliding-window and full attention: two KV cache groups); prompts
 are token ids. The preset's synthetic traffic is fed through
 `LLMEngine.add_request` / `step()` so that turns continue the model's real
@@ -118,6 +119,9 @@ def build_llm(preset: Preset, model_dir: str, hybrid: bool = False):
     from vllm.config import CacheConfig, KVEventsConfig
 
     e = preset.engine
+    from harness.capture.seeded_weights import WEIGHTS_FILE
+
+    load_format = "safetensors" if (Path(model_dir) / WEIGHTS_FILE).exists() else "dummy"
     extra = {}
     if hybrid and "prefix_cache_retention_interval" in getattr(
             CacheConfig, "__dataclass_fields__", {}):
@@ -127,7 +131,7 @@ def build_llm(preset: Preset, model_dir: str, hybrid: bool = False):
         extra["prefix_cache_retention_interval"] = None
     return LLM(
         model=model_dir,
-        load_format="dummy",
+        load_format=load_format,
         skip_tokenizer_init=True,
         enforce_eager=True,
         dtype="bfloat16",
@@ -221,7 +225,7 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
             "the kvconform vLLM plugin is not registered (pip install -e . registers the "
             "vllm.general_plugins entry point); the engine core process records through it")
     model = _tiny_model(preset, options)
-    model_dir = model.write()
+    model_dir = model.write(weights_seed=preset.seed)
     session_root = tempfile.mkdtemp(prefix="kvconform-engine-")
     rpc_dir = tempfile.mkdtemp(prefix="kvconform-rpc-")
     made += [model_dir, session_root, rpc_dir]
@@ -267,7 +271,10 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
                 if tensors is not None:
                     from harness.capture.header import model_shape_of
 
+                    from harness.capture.seeded_weights import describe
+
                     shape = asdict(model_shape_of(llm.llm_engine.vllm_config))
+                    shape["weights"] = describe(preset.seed)
                     tensors.save(str(Path(out).parent / _sidecar_name(out)), shape)
         finally:
             llm.llm_engine.engine_core.shutdown()
@@ -292,7 +299,10 @@ def _tiny_model(preset: Preset, options: EngineOptions) -> TinyModel:
 
 
 def _description(preset: Preset, model: TinyModel) -> str:
-    return (f"tiny vLLM engine on CPU ({model.describe()}, {preset.engine.num_blocks} "
+    from harness.capture.seeded_weights import describe
+
+    return (f"tiny vLLM engine on CPU ({model.describe()}, {describe(preset.seed)}, "
+            f"{preset.engine.num_blocks} "
             f"blocks of {preset.engine.block_size}), traffic of workload preset '{preset.name}' "
             f"({preset.kind})")
 

@@ -1,7 +1,8 @@
-"""A tiny random model, written locally: no model hub, no weights on disk.
+"""A tiny random model, written locally: no model hub.
 
-vLLM builds its configs from a model folder; this one holds only a
-`config.json`. Engines load it with load_format="dummy" (random weights) and
+vLLM builds its configs from a model folder; this one holds a `config.json`
+and, for engines whose attention tensors matter, seeded O(1) weights
+(seeded_weights.py; without them engines use load_format="dummy") and
 skip_tokenizer_init=True (prompts are token ids). vLLM 0.32's CPU attention
 needs head_size >= 32 and block sizes that are multiples of 32.
 
@@ -91,10 +92,15 @@ class TinyModel:
                 **common, "sliding_window": self.sliding_window,
                 "layer_types": self.layer_types}
 
-    def write(self, folder: str | None = None) -> str:
-        """Write config.json into `folder` (a new temporary one by default)."""
+    def write(self, folder: str | None = None, weights_seed: int | None = None) -> str:
+        """Write config.json into `folder` (a new temporary one by default),
+        and with weights_seed seeded O(1) weights (seeded_weights.py)."""
         prefix = f"kvconform-tiny-{self.architecture.lower()}-"
         path = Path(folder or tempfile.mkdtemp(prefix=prefix))
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(self.config(), indent=1))
+        if weights_seed is not None:
+            from harness.capture.seeded_weights import write_seeded_weights
+
+            write_seeded_weights(self, str(path), weights_seed)
         return str(path)

@@ -57,3 +57,18 @@ def test_attention_batch_metadata():
     assert batch.slot_mapping.tolist() == [9 * 4 + 0, 28, 29, 30, -1]
     assert batch.block_table.tolist() == [[5, 2, 9], [7, 0, 0]]
     assert (batch.max_query_len, batch.max_seq_len, batch.num_actual_tokens) == (3, 9, 4)
+
+
+def test_static_sinks_go_in_front_of_every_row():
+    from impl.attention_batch import with_static_sinks
+
+    t = BlockTable(block_size=4, max_num_blocks_per_req=8)
+    t.add_row("a", [5, 2])
+    t.add_row("b", [7])
+    batch = build_attention_batch([ScheduledRequest("a", 6, 1), ScheduledRequest("b", 0, 3)], t)
+    sunk = with_static_sinks(batch, sink_len=8, block_size=4)
+    assert sunk.block_table.tolist() == [[1, 2, 5, 2], [1, 2, 7, 0]]
+    assert sunk.seq_lens.tolist() == [15, 11] and sunk.max_seq_len == 15
+    assert torch.equal(sunk.slot_mapping, batch.slot_mapping)  # writes stay where they were
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        with_static_sinks(batch, sink_len=6, block_size=4)

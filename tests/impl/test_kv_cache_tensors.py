@@ -93,3 +93,18 @@ def test_bad_plans_are_refused():
     two = plan_kv_cache_tensors(["l"], 2, SHAPE) * 2
     with pytest.raises(ValueError, match="more than one"):
         allocate_kv_cache(two, 2, SHAPE)
+
+
+def test_an_mla_layer_caches_one_latent_row_per_token():
+    """vLLM's MLAAttentionSpec page: block_size x head_size (no separate value),
+    allocated (num_blocks, block_size, head_size) whatever the layout."""
+    shape = KVCacheShape(block_size=4, num_kv_heads=1, head_size=6, dtype=torch.float16,
+                         mla=True)
+    assert shape.page_size_bytes == 4 * 6 * 2
+    for layout in KVCacheLayout:
+        plan = plan_kv_cache_tensors(["l"], 3, shape, layout)
+        c = allocate_kv_cache(plan, 3, shape, layout)["l"]
+        assert c.raw.shape == (3, 4, 6) and c.key.shape == (3, 4, 1, 6)
+        c.raw.copy_(torch.arange(72, dtype=torch.float16).view(3, 4, 6))
+        assert c.key[2, 1, 0, 5] == 2 * 24 + 1 * 6 + 5
+        assert c.value.data_ptr() == c.key.data_ptr()

@@ -5,7 +5,8 @@ gives back exactly; what pack builds, vLLM's attention reads as its own."""
 import pytest
 import torch
 
-from harness.attention.cpu_attn_layout import pack, region_index, unpack
+from harness.attention.kinds import AttentionKind
+from harness.backends.vllm_cpu_attn_layout import pack, region_index, unpack
 from harness.backends.vllm_cpu_attention import VllmCpuAttention
 from impl.kv_cache_tensors import (
     KVCacheLayout,
@@ -17,15 +18,16 @@ from impl.kernels.reshape_and_cache import reshape_and_cache
 
 pytestmark = pytest.mark.vllm
 
-# (dtype, block_size, head_size): vec16 (block 16 or head 48), vec (fp32/fp16,
-# block 32) and amx (bf16, block 32, where the CPU has AMX; vec otherwise).
+# (dtype, block_size, head_size): vec16 (block 16), vec (fp32/fp16, block 32)
+# and amx (bf16, block 32, where the CPU has AMX; vec otherwise). Head sizes
+# are ones vLLM's CPU backend declares it serves.
 SHAPES = [(torch.float32, 16, 32), (torch.float16, 32, 64), (torch.bfloat16, 32, 64),
-          (torch.bfloat16, 64, 128), (torch.float32, 32, 48)]
+          (torch.bfloat16, 64, 128), (torch.bfloat16, 16, 128)]
 
 
 def _written(dtype, block_size, head_size, seed=0):
     v = VllmCpuAttention(num_blocks=5, block_size=block_size, num_heads=4, num_kv_heads=2,
-                         head_size=head_size, dtype=dtype, scale=1.0)
+                         head_size=head_size, dtype=dtype, scale=1.0, kind=AttentionKind())
     g = torch.Generator().manual_seed(seed)
     n = 3 * block_size
     slots = torch.randperm(5 * block_size, generator=g)[:n]

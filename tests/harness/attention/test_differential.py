@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-import harness.attention.layer_check as layer_check
+import harness.attention.impl_call as impl_call
 import harness.attention.steps as steps
 from harness.attention.differential import AttentionOptions, check_attention, wants_attention
 from harness.attention.seeded import STREAM_KEY, STREAM_QUERY, STREAM_VALUE, seeded_rows
@@ -110,14 +110,14 @@ def _line_of(text: str) -> int:
 
 
 def test_a_wrong_output_is_the_first_divergence_with_its_request(hand_trace, monkeypatch):
-    real = layer_check.unified_attention
+    real = impl_call.unified_attention
 
     def off_by_a_bit(q, k, v, out, cu, *args, **kwargs):
         real(q, k, v, out, cu, *args, **kwargs)
         if int(cu[-1]) == 6:  # the batch of a's decode and b's 5-token prefill
             out[3, 1, 7] += 0.05  # b's token at position 66 (rows: a, b, b, b...)
 
-    monkeypatch.setattr(layer_check, "unified_attention", off_by_a_bit)
+    monkeypatch.setattr(impl_call, "unified_attention", off_by_a_bit)
     o = check_attention(hand_trace, NO_VLLM)
     d = o.divergence
     assert o.exit_code == 1 and d.check == "impl~reference"
@@ -135,19 +135,19 @@ def test_a_block_with_another_prefixs_rows_is_a_divergence(hand_trace, monkeypat
 
     monkeypatch.setattr(steps, "ImplBackend", SwappedBlocks)
     o = check_attention(hand_trace, NO_VLLM)
-    assert o.exit_code == 1 and o.divergence.check == "prefix content"
-    assert "request 'b' position 16 (block 20)" in o.divergence.message
+    assert o.exit_code == 1 and o.divergence.check == "block table"
+    assert "request 'b': entry 1 of its block-table row is block 20" in o.divergence.message
 
 
 def test_a_token_left_unwritten_is_a_divergence(hand_trace, monkeypatch):
-    real = layer_check.reshape_and_cache
+    real = impl_call.reshape_and_cache
 
     def skip_last(k, v, kc, vc, slots, *args):
         slots = slots.clone()
         slots[(slots >= 0).nonzero()[-1]] = -1
         real(k, v, kc, vc, slots, *args)
 
-    monkeypatch.setattr(layer_check, "reshape_and_cache", skip_last)
+    monkeypatch.setattr(impl_call, "reshape_and_cache", skip_last)
     o = check_attention(hand_trace, NO_VLLM)
     assert o.exit_code == 1 and o.divergence.check == "cache write"
     assert o.divergence.step == 0
@@ -219,7 +219,8 @@ def test_a_shape_vllms_cpu_kernels_refuse_is_checked_against_the_reference(tmp_p
     trace.write_text(HAND.replace("head_size: 32", "head_size: 16"))
     o = check_attention(str(trace))
     assert o.exit_code == 0, "\n".join(o.summary_lines())
-    assert any("refuses head_size 16" in n for n in o.notes)
+    assert "not 16; compared with the reference only" in o.vllm_groups[0]
+    assert any("vLLM not compared" in line for line in o.summary_lines())
     assert "impl~vllm" not in o.stats and o.stats["impl~reference"].ok
 
 
@@ -232,3 +233,75 @@ def test_outcome_as_json_and_which_traces_want_attention(tmp_path, hand_trace):
     json.dumps(d)
     assert d["exit_code"] == 0 and d["batches"] == 1 and "impl~reference" in d["stats"]
     assert d["notes"] == ["stopped at max_batches=1"]
+
+
+# -- every paged-attention group kind, compared with vLLM's ops where it has them --
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("group", [
+    GroupConfig(32, "chunked_local_attention", attention_chunk_size=32),
+    GroupConfig(16, "mla_attention"),
+    GroupConfig(16, "sliding_window", sliding_window=20),
+], ids=["chunked_local", "mla", "sliding_window"])
+def test_group_kinds_against_the_reference_and_vllm(group, tmp_path):
+    from .seeded_traces import write_kind_trace
+
+    trace = write_kind_trace(str(tmp_path / "kind.jsonl"), group)
+    o = check_attention(trace)
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+    assert o.vllm_groups == {0: "compared"}
+    assert o.stats["impl~reference"].num_elements > 0 and o.stats["impl~vllm"].num_elements > 0
+    if group.kind == "mla_attention":  # vLLM's CPU MLA op takes decode batches only
+        assert any("decode batches only" in n for n in o.notes)
+
+
+@pytest.mark.vllm
+def test_static_sinks_in_the_blocks_017_reserves(tmp_path):
+    from .seeded_traces import write_kind_trace
+
+    trace = write_kind_trace(str(tmp_path / "sink.jsonl"),
+                             GroupConfig(16, "sink_full_attention", sink_len=32), "0.17.1")
+    o = check_attention(trace)
+    assert o.exit_code == 0, "\n".join(o.summary_lines())
+    assert o.vllm_groups == {0: "compared"}
+
+
+def test_static_sink_blocks_handed_to_a_request_are_a_divergence(tmp_path):
+    """vLLM 0.32's manager no longer sets the sink blocks aside (0.17 did),
+    while its static-sink layers still read the sinks from blocks 1..n: a
+    request's tokens land on the sinks, and the ledger says so."""
+    from .seeded_traces import write_kind_trace
+
+    trace = write_kind_trace(str(tmp_path / "sink.jsonl"),
+                             GroupConfig(16, "sink_full_attention", sink_len=32), "0.32.0")
+    o = check_attention(trace, NO_VLLM)
+    assert o.exit_code == 1 and o.divergence.check == "block content"
+    assert "block 1 offset 0" in o.divergence.message
+
+
+def test_a_slot_mapping_off_the_traces_blocks_is_a_divergence(hand_trace, monkeypatch):
+    from impl.block_table import BlockTable
+
+    real = BlockTable.slot_mapping
+
+    def shifted(self, req_ids, positions, num_padding=0, device="cpu"):
+        slots = real(self, req_ids, positions, num_padding, device)
+        return torch.where(slots >= 0, slots + self.block_size, slots)
+
+    monkeypatch.setattr(BlockTable, "slot_mapping", shifted)
+    o = check_attention(hand_trace, NO_VLLM)
+    assert o.exit_code == 1 and o.divergence.check == "slot mapping"
+    assert "the trace's blocks put it at slot" in o.divergence.message
+
+
+def test_a_failing_vllm_op_is_an_environment_result(hand_trace, monkeypatch):
+    """Not a silent 'vLLM comparison off': exit code 3 with the reason."""
+    from vllm import _custom_ops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(_custom_ops, "cpu_attn_reshape_and_cache", broken)
+    o = check_attention(hand_trace)
+    assert o.exit_code == 3 and "simulated kernel failure" in o.error
+    assert o.failure_message() == o.error

@@ -44,7 +44,7 @@ def test_the_tensor_sidecar_is_where_the_header_says():
             assert q.shape[1:] == (int(meta["num_heads"]), header["model"]["head_size"])
             assert len(json.loads(meta[f"step.{step}.req_ids"])) == qsl.shape[0] - 1
             assert int(qsl[-1]) == q.shape[0]
-    assert sidecars == 1
+    assert sidecars == 2  # the multi-turn chat and the hybrid engine traces
 
 
 def test_a_hybrid_engine_trace_with_a_sliding_window_group():

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from harness.attention.compare import error_stats
+from harness.attention.impl_call import impl_attention, impl_write
 from harness.attention.kernel_cases import AttentionCase, build_case
-from harness.attention.reference import reference_attention
-from harness.attention.tolerances import tolerance
-from impl.kernels.reshape_and_cache import reshape_and_cache
+from harness.attention.kinds import KINDS
+from harness.attention.reference import reference
+from harness.attention.tolerances import allowed, impl_path
 from impl.kernels.unified_attention import unified_attention
 from impl.kv_cache_tensors import KVCacheLayout
 
@@ -37,19 +38,19 @@ SCENARIOS = {
 def run_case(case: AttentionCase, block_m=None, tile_n=None, through_reshape=False):
     p = build_case(case, write_new=not through_reshape)
     b = p.batch
+    kind = case.attention
     if through_reshape:
-        reshape_and_cache(p.new_key, p.new_value, p.cache.key, p.cache.value, b.slot_mapping,
-                          case.kv_cache_dtype, p.k_scale, p.v_scale)
+        impl_write(p.new_key, p.new_value, p.cache, b.slot_mapping, kind, case.kv_cache_dtype,
+                   p.k_scale, p.v_scale)
     n = p.query.shape[0]
-    out = torch.full((n + SPARE_ROWS, case.num_heads, case.head_size), float("nan"),
+    out = torch.full((n + SPARE_ROWS, case.num_heads, case.head_size_v), float("nan"),
                      dtype=case.dtype)
-    unified_attention(p.query, p.cache.key, p.cache.value, out, b.query_start_loc,
-                      b.seq_lens, b.block_table, case.scale, case.sliding_window,
-                      kv_cache_dtype=case.kv_cache_dtype, k_scale=p.k_scale,
-                      v_scale=p.v_scale, block_m=block_m, tile_n=tile_n)
+    impl_attention(p.query, p.cache, out, b, case.scale, kind, case.kv_cache_dtype,
+                   p.k_scale, p.v_scale, block_m, tile_n)
     assert out[n:].isnan().all(), "rows past the batch were written"
-    ref = reference_attention(p.query, p.mirror, b, case.scale, case.sliding_window)
-    stats = error_stats(out[:n], ref, tolerance(case.dtype, "reference", case.kv_cache_dtype))
+    ref = reference(p.query, p.mirror, b, case.scale, kind)
+    stats = error_stats(out[:n], ref.out, allowed(ref, case.dtype, impl_path(),
+                                                  kv_cache_dtype=case.kv_cache_dtype))
     assert stats.nonfinite == 0, "a row was not written or read a poisoned element"
     assert stats.ok, stats
     return stats
@@ -77,6 +78,23 @@ def test_all_kinds_in_one_launch_with_small_tiles(dtype):
 def test_head_grouping(heads):
     run_case(AttentionCase("heads", num_heads=heads[0], num_kv_heads=heads[1],
                            head_size=64, **SCENARIOS["chunked"]), block_m=32, tile_n=64)
+
+
+# Every kind vLLM serves, written through impl's own write kernels; the
+# context crosses tiles (16) and blocks (16) and, for the chunked kind, chunks.
+KIND_SCENARIO = dict(query_lens=(1, 9, 20, 1), seq_lens=(45, 9, 50, 70))
+CROSS_SCENARIO = dict(query_lens=(3, 9, 1), seq_lens=(13, 9, 50))  # queries vs encoder
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind(kind, dtype=torch.bfloat16):
+    # bf16 (rounded once at the end); float32 runs the same fp32 arithmetic
+    # under the interpreter, and test_vllm_cpu_attention runs every kind in it.
+    k = KINDS[kind]
+    shape = dict(head_size=80, num_kv_heads=1) if k.is_mla else {}
+    scenario = CROSS_SCENARIO if not k.causal else KIND_SCENARIO
+    run_case(AttentionCase(kind, dtype=dtype, kind=k, **shape, **scenario),
+             block_m=16, tile_n=16, through_reshape=True)
 
 
 @pytest.mark.parametrize("layout", list(KVCacheLayout))
