@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
@@ -190,6 +191,9 @@ def _cmd_conform(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvconform",
                      description="Conformance harness for vLLM's v1 KV cache manager.")
+    parser.add_argument("--vllm", metavar="VERSION",
+                        default=os.environ.get("KVCONFORM_VLLM") or None, help="run the verb against that vLLM release's overlay (built if "
+                        "missing; also KVCONFORM_VLLM=VERSION), e.g. 0.25.1 or 0.25")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     p = sub.add_parser("replay", help="run traces through a backend and check their answers")
@@ -264,11 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.capture.cli import register as register_capture
 
     register_capture(sub)
+    from harness.bisect import register as register_bisect
+
+    register_bisect(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.vllm:
+        from harness.vllm_overlay import activate_for_cli
+
+        code = activate_for_cli(args.vllm)
+        if code:
+            return code
     try:
         return args.func(args)
     except KeyboardInterrupt:
