@@ -107,7 +107,9 @@ def compare(base: ReleaseRun, other: ReleaseRun) -> Difference | None:
                 name = "(executes vs refuses)"
             else:
                 name = first_difference(oa["answer"], ob["answer"]) or "(whole answer)"
-            return Difference(i, a["line"], a["op"], name, a, b)
+            # A release refusing the trace's cache config stops at its header.
+            at = b if b["op"] == "header" else a
+            return Difference(i, at["line"], at["op"], name, a, b)
     return None
 
 
@@ -233,7 +235,8 @@ def format_result(r: BisectResult) -> str:
               f"vLLM {r.last_same}, the release before it, answers as {first} does")
     lines = [
         f"{r.trace}: first changed in vLLM {r.changed_in} ({before})",
-        f"  {r.trace}:{d.line}: event #{d.index} ({d.op}), field {d.field}",
+        f"  {r.trace}:{d.line}: " + ("the cache config (header)" if d.op == "header" else
+                                     f"event #{d.index} ({d.op}), field {d.field}"),
         f"  {first:>9}: {_shown(d.before)}",
         f"  {r.changed_in:>9}: {_shown(d.after)}",
         f"  KV cache sources changed {r.last_same} -> {r.changed_in}:",

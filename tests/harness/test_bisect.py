@@ -48,6 +48,13 @@ def test_an_event_one_release_refuses_and_another_executes_is_a_difference():
     assert compare(a, b).field == "(executes vs refuses)"
 
 
+def test_a_release_refusing_the_config_is_named_at_the_header():
+    a = _run("0.32.0", _answer(2, "add_request", {"block_hashes": []}))
+    b = _run("0.33.0", {"line": 1, "op": "header", "error": "AssertionError", "message": "no"})
+    d = compare(a, b)
+    assert (d.line, d.op, d.field) == (1, "header", "(executes vs refuses)")
+
+
 def test_changed_files_are_the_kv_sources_that_differ(tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     for root, pool, extra in ((old, "a\nb\n", None), (new, "a\nc\nd\n", "x\n")):
