@@ -47,10 +47,15 @@ class VllmApi:
     # get_kv_cache_config_from_groups, unify_kv_cache_spec_page_size, ...).
     sizing_module: str
     # How the engine derives the (scheduler, hash) block sizes it passes the
-    # manager. 0.20-0.25 scale a single group by dcp * pcp and refuse hybrid
-    # models under context parallelism, which the harness's LCM_GCD rule does
-    # not model (specs/RELEASES.md: a new rule value when a profile needs it).
+    # manager, for a model with one KV cache group and for a hybrid one.
+    # 0.20-0.25 keep the old rule for one group (block_size * dcp * pcp) and
+    # the LCM/GCD rule for hybrids (which they refuse under context
+    # parallelism).
     block_sizes_rule: BlockSizesRule
+    hybrid_block_sizes_rule: BlockSizesRule
+
+    def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
+        return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
 
 
 _ADMISSION = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
@@ -68,14 +73,16 @@ _V017 = VllmApi(
     sink_manager_rejects_zeroing_arg=False,
     sizing_module="vllm.v1.core.kv_cache_utils",
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+    hybrid_block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                block_sizes_rule=BlockSizesRule.LCM_GCD)
+                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
                 admission_args=_ADMISSION[:2])
 _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
+                block_sizes_rule=BlockSizesRule.LCM_GCD,
                 get_computed_blocks_arity=3, has_block_copies=True,
                 sink_manager_rejects_zeroing_arg=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from harness.backends.base import (
     Backend,
@@ -23,7 +24,7 @@ from harness.backends.vllm_api import VllmApi, api_for
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import AddRequest, Allocate
 from harness.vllm_releases import UnknownRelease
-from impl.profiles import UnsupportedVersion, VersionProfile, get_profile
+from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
 
 
 class EnvironmentProblem(RuntimeError):
@@ -127,6 +128,13 @@ def _accept_zeroing_arg_in_sink_manager() -> None:
     SinkFullAttentionManager.__init__ = __init__
 
 
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What CacheConfig.block_sizes reads of a profile."""
+
+    block_sizes_rule: BlockSizesRule
+
+
 class VllmBackend(Backend):
     """With a profile (the trace's), the installed vLLM must have that profile;
     without one, any followed release is driven as it is (bisect): its profile,
@@ -187,7 +195,8 @@ class VllmBackend(Backend):
         )
         # block_sizes reads only the rule, which the API shape carries for
         # releases without a profile too.
-        scheduler_block_size, hash_block_size = config.block_sizes(api)
+        rule = api.block_sizes_rule_for(len(config.groups))
+        scheduler_block_size, hash_block_size = config.block_sizes(_Rule(rule))
         kwargs = dict(
             max_model_len=config.max_model_len,
             hash_block_size=hash_block_size,

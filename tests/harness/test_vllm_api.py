@@ -34,7 +34,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release, profile
     assert api.get_computed_blocks_arity == p.get_computed_blocks_arity
     assert api.manager_takes_scheduler_block_size == p.manager_takes_scheduler_block_size
     assert api.sink_manager_rejects_zeroing_arg == p.sink_manager_rejects_zeroing_arg
-    assert api.block_sizes_rule == p.block_sizes_rule
+    assert api.block_sizes_rule == api.hybrid_block_sizes_rule == p.block_sizes_rule
     assert api.has_record_prefix_cache_stats == (
         p.stats_recorded_at is StatsRecordedAt.ADMISSION)
     assert bool(api.admission_args) == p.has_admission_controls
