@@ -17,16 +17,31 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 
 from harness.trace import TraceError, open_trace
 
 MARKER = "kvconform-answers: "
-# Raised by the adapter failing to drive the release (an import it lacks, a
-# signature the API-shape table got wrong), not by the release's own KV cache
-# logic: the run stops with exit 3 instead of recording a difference.
+# Raised by the adapter failing to drive the release (a signature the API-shape
+# table got wrong), not by the release's own KV cache logic: the run stops with
+# exit 3 instead of recording a difference. A missing module is always the
+# environment's; the others only when raised outside vLLM's own code (vLLM
+# 0.23-0.25 raise TypeError building any sink group themselves: that is the
+# release refusing the config).
 ADAPTER_ERRORS = (ImportError, TypeError, AttributeError, NameError)
+
+
+def _adapter_failure(e: BaseException) -> bool:
+    if isinstance(e, ImportError):
+        return True
+    if not isinstance(e, ADAPTER_ERRORS):
+        return False
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}vllm{os.sep}" not in tb.tb_frame.f_code.co_filename
 
 
 class AdapterFailure(RuntimeError):
@@ -45,7 +60,11 @@ def _bad_trace(e: TraceError) -> dict:
 
 def release_answers(path: str) -> Iterator[dict]:
     """The header line, then one dict per event (the last may be an error)."""
-    from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+    from harness.backends.vllm_backend import (
+        EnvironmentProblem,
+        VllmBackend,
+        installed_vllm_version,
+    )
 
     version = installed_vllm_version()
     try:
@@ -56,9 +75,11 @@ def release_answers(path: str) -> Iterator[dict]:
         return
     try:
         backend = VllmBackend(trace.header.cache)
-    except ADAPTER_ERRORS as e:
-        raise AdapterFailure(f"{path}:1: vLLM {version}: {type(e).__name__}: {e}") from None
+    except EnvironmentProblem:
+        raise
     except Exception as e:  # noqa: BLE001 - the release refuses the config itself
+        if _adapter_failure(e):
+            raise AdapterFailure(f"{path}:1: vLLM {version}: {type(e).__name__}: {e}") from None
         yield {"trace": path, "vllm": version, "profile": None}
         yield _error(1, "header", e)
         return
@@ -76,10 +97,10 @@ def release_answers(path: str) -> Iterator[dict]:
         event = record.event
         try:
             answer = backend.run(event)
-        except ADAPTER_ERRORS as e:
-            raise AdapterFailure(f"{path}:{record.line}: vLLM {version} ({event.kind}): "
-                                 f"{type(e).__name__}: {e}") from None
         except Exception as e:  # noqa: BLE001 - any refusal is this release's answer
+            if _adapter_failure(e):
+                raise AdapterFailure(f"{path}:{record.line}: vLLM {version} ({event.kind}): "
+                                     f"{type(e).__name__}: {e}") from None
             yield _error(record.line, event.kind, e)
             return
         yield {"line": record.line, "op": event.kind, "answer": answer}

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from harness.bisect import ReleaseRun, changed_files, compare
+from harness.release_answers import _adapter_failure
 
 REPO = Path(__file__).resolve().parents[2]
 MAMBA_FINDING = REPO / "tests" / "harness" / "data" / "mamba-hybrid-allocate-0.33.jsonl"
@@ -53,6 +54,22 @@ def test_a_release_refusing_the_config_is_named_at_the_header():
     b = _run("0.33.0", {"line": 1, "op": "header", "error": "AssertionError", "message": "no"})
     d = compare(a, b)
     assert (d.line, d.op, d.field) == (1, "header", "(executes vs refuses)")
+
+
+def _raised(exc: str, filename: str) -> BaseException:
+    try:
+        exec(compile(f"raise {exc}('x')", filename, "exec"))
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+def test_errors_the_adapter_raises_stop_the_run_and_vllms_own_are_answers():
+    # The adapter calling vLLM wrongly fails in harness code: exit 3, no answer.
+    assert _adapter_failure(_raised("TypeError", "/repo/harness/backends/vllm_backend.py"))
+    # vLLM 0.23-0.25 raise TypeError building a sink group themselves: an answer.
+    assert not _adapter_failure(_raised("TypeError", "/o/vllm/v1/core/kv_cache_coordinator.py"))
+    assert not _adapter_failure(_raised("ValueError", "/repo/harness/x.py"))
+    assert _adapter_failure(_raised("ModuleNotFoundError", "/o/vllm/v1/core/x.py"))
 
 
 def test_changed_files_are_the_kv_sources_that_differ(tmp_path):
