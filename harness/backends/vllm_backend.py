@@ -136,26 +136,27 @@ class _Rule:
 
 
 class VllmBackend(Backend):
-    """With a profile (the trace's), the installed vLLM must have that profile;
-    without one, any followed release is driven as it is (bisect): its profile,
-    if it has one, is kept for reference and only its API shape is read."""
+    """The installed vLLM must have a profile (the trace's, when one is given).
+    With `any_release`, any followed release is driven as it is (bisect): its
+    profile, if it has one, is kept for reference; only its API shape is read."""
 
     name = "vllm"
 
-    def __init__(self, config: CacheConfig, profile: VersionProfile | None = None) -> None:
-        self.api = installed_vllm_api()
-        if profile is not None:
-            installed = installed_vllm_profile()
-            if profile.name != installed.name:
-                raise EnvironmentProblem(
-                    f"the trace wants vLLM {profile.name} but vLLM "
-                    f"{installed_vllm_version()} is installed"
-                )
-        else:
+    def __init__(self, config: CacheConfig, profile: VersionProfile | None = None,
+                 any_release: bool = False) -> None:
+        if any_release:
             try:
                 installed = get_profile(installed_vllm_version())
             except UnsupportedVersion:
                 installed = None
+        else:
+            installed = installed_vllm_profile()
+            if profile is not None and profile.name != installed.name:
+                raise EnvironmentProblem(
+                    f"the trace wants vLLM {profile.name} but vLLM "
+                    f"{installed_vllm_version()} is installed"
+                )
+        self.api = installed_vllm_api()
         super().__init__(config, installed)
         # vLLM logs a warning per refused reset and per unseeded hash; the
         # harness reports those outcomes itself.
