@@ -278,7 +278,7 @@ def register(sub) -> None:
 
 def _cmd_bisect(args) -> int:
     from harness.exit_codes import ExitCode
-    from harness.vllm_overlay import OverlayError
+    from harness.vllm_overlay import OverlayError, refuse
     from harness.vllm_releases import UnknownRelease
 
     if not os.path.isfile(args.trace):
@@ -286,12 +286,8 @@ def _cmd_bisect(args) -> int:
         return ExitCode.BAD_INPUT
     try:
         result = bisect(args.trace, args.first, args.last, progress=not args.json)
-    except UnknownRelease as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except OverlayError as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return ExitCode.ENVIRONMENT
+    except (UnknownRelease, OverlayError) as e:
+        return refuse(e)
     except BisectError as e:
         print(str(e) if str(e).startswith(args.trace) else f"kvconform: {e}", file=sys.stderr)
         return e.exit_code

@@ -237,28 +237,33 @@ def activate(version: str, progress: bool = True) -> OverlayInfo:
     return info
 
 
+def refuse(e: Exception, where: str = "") -> int:
+    """One line for a release that cannot be used (an unknown one is bad
+    input, one whose overlay cannot be built is the environment's); returns
+    the exit code."""
+    from harness.exit_codes import ExitCode
+    from harness.vllm_releases import UnknownRelease
+
+    print(f"kvconform: {where}{e}", file=sys.stderr)
+    return ExitCode.BAD_INPUT if isinstance(e, UnknownRelease) else ExitCode.ENVIRONMENT
+
+
 def activate_for_cli(version: str) -> int:
     """`kvconform --vllm VERSION` / KVCONFORM_VLLM: activate, or say in one
     line why not; returns the exit code to stop with (0: go on)."""
-    from harness.exit_codes import ExitCode
     from harness.vllm_releases import UnknownRelease
 
     try:
         activate(version)
-    except UnknownRelease as e:
-        print(f"kvconform: --vllm: {e}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except OverlayError as e:
-        print(f"kvconform: --vllm {version}: {e}", file=sys.stderr)
-        return ExitCode.ENVIRONMENT
-    return ExitCode.OK
+    except (UnknownRelease, OverlayError) as e:
+        return refuse(e, "--vllm: ")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m harness.vllm_overlay VERSION [--force]` (ci/vllm-overlay.sh)."""
     import argparse
 
-    from harness.exit_codes import ExitCode
     from harness.vllm_releases import UnknownRelease
 
     parser = argparse.ArgumentParser(prog="ci/vllm-overlay.sh",
@@ -268,14 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         info = build(args.version, progress=True, force=args.force)
-    except UnknownRelease as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except OverlayError as e:
-        print(f"kvconform: {e}", file=sys.stderr)
-        return ExitCode.ENVIRONMENT
+    except (UnknownRelease, OverlayError) as e:
+        return refuse(e)
     print(info.path)
-    return ExitCode.OK
+    return 0
 
 
 if __name__ == "__main__":

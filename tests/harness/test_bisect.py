@@ -12,7 +12,7 @@ from harness.bisect import ReleaseRun, changed_files, compare
 from harness.release_answers import _adapter_failure
 
 REPO = Path(__file__).resolve().parents[2]
-MAMBA_FINDING = REPO / "tests" / "harness" / "data" / "mamba-hybrid-allocate-0.33.jsonl"
+MAMBA_FINDING = REPO / "tests" / "harness" / "data" / "mamba-hybrid-allocate.jsonl"
 EXAMPLE = REPO / "traces" / "scenarios" / "documented-example.yaml"
 
 

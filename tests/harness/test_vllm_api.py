@@ -105,3 +105,24 @@ def test_a_wrong_row_is_caught():
                                 sizing_module="vllm.v1.core.kv_cache_utils")
     found = source_mismatches(wrong, root)
     assert [m.split(":")[0] for m in found] == ["get_computed_blocks_arity", "sizing_module"]
+
+
+def test_sizing_functions_are_found_where_each_release_keeps_them():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("from harness.backends.vllm_backend import vllm_sizing\n"
+             "from vllm.v1.core import kv_cache_utils\n"
+             "m = vllm_sizing()\n"
+             "print(m.__name__, hasattr(m, 'get_kv_cache_groups'),"
+             " hasattr(kv_cache_utils, 'get_kv_cache_groups'))\n")
+    seen = {}
+    for release in ("0.32.0", "0.33.0"):
+        env = {**os.environ, "PYTHONPATH": str(ensure(release, progress=False).path)}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=600)
+        seen[release] = done.stdout.split()
+    assert seen["0.32.0"] == ["vllm.v1.core.kv_cache_utils", "True", "True"]
+    # 0.33 moved them without a re-export: kv_cache_utils no longer has them.
+    assert seen["0.33.0"] == ["vllm.v1.core.kv_cache_planning", "True", "False"]
