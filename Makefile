@@ -31,7 +31,12 @@ REQUIREMENTS := \
 # Seconds of differential fuzzing in `make conform` (.ci/run uses fewer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: install test lint conform bench gpu-check clean-venv
+# vLLM releases the tests run live, each through its overlay (ci/vllm-overlay.sh,
+# built once into .vllm-VERSION/, then cached): 0.17.1 for the tests marked
+# vllm017, 0.32.0 and 0.33.0 for the bisect and API-shape tests.
+TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
+
+.PHONY: install overlays test lint conform bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -44,8 +49,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import vllm, impl, harness; print('vllm', vllm.__version__)"
 	touch $(STAMP)
 
-test: install
-	$(PY) -m pytest -q tests
+overlays: install
+	@for v in $(TEST_OVERLAYS); do ci/vllm-overlay.sh $$v >/dev/null || exit 3; done
+
+# Everything against the installed vLLM (0.32.0), then the tests marked vllm017
+# against vLLM 0.17.1 through its overlay: none is skipped for want of a release.
+test: install overlays
+	$(PY) -m pytest -q -m "not vllm017" tests
+	PYTHONPATH=$(CURDIR)/.vllm-0.17.1 $(PY) -m pytest -q -m vllm017 tests
 
 # ruff, configured in pyproject.toml ([tool.ruff]).
 lint: install

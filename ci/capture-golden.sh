@@ -6,7 +6,7 @@
 #                                # 3 tiny-engine traces (seeded O(1) weights; two with attention tensors,
 #                                # one with the engine core in its own process, one
 #                                # of a hybrid sliding-window + full-attention model)
-#   ci/capture-golden.sh v0.17   # vLLM 0.17.1 through ci/vllm-017-overlay.sh: the
+#   ci/capture-golden.sh v0.17   # vLLM 0.17.1 through its overlay (ci/vllm-overlay.sh): the
 #                                # 9 scheduler presets (the overlay has no compiled
 #                                # ops, so no engine; a full 0.17.1 CPU build needs
 #                                # torch 2.10 from PyPI: see specs/CAPTURE.md)
@@ -31,11 +31,10 @@ if [ "$what" = v0.32 ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = v0.17 ] || [ "$what" = all ]; then
-  overlay=${VLLM017_OVERLAY:-.vllm-017}
-  [ -d "$overlay/src/vllm" ] || bash ci/vllm-017-overlay.sh "$overlay"
+  overlay=$(ci/vllm-overlay.sh 0.17.1)
   out=traces/golden/v0.17
   mkdir -p "$out"
-  PYTHONPATH="$overlay/src:$overlay/extra" $PY ci/vllm017_capture.py \
+  PYTHONPATH="$overlay" $PY ci/vllm017_capture.py \
     capture scheduler --all --out "$out" --check
   .venv/bin/kvconform replay "$out"
 fi

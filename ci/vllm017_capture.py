@@ -1,7 +1,7 @@
-"""Run `kvconform capture ...` against vLLM 0.17.1's pure-Python code (the
-overlay of ci/vllm-017-overlay.sh), for the golden v0.17 traces. Not run by CI.
+"""Run `kvconform capture ...` against vLLM 0.17.1's pure-Python code (its
+overlay, `ci/vllm-overlay.sh 0.17.1`), for the golden v0.17 traces. Not run by CI.
 
-    PYTHONPATH=$DIR/src:$DIR/extra .venv/bin/python ci/vllm017_capture.py \
+    PYTHONPATH=.vllm-0.17.1 .venv/bin/python ci/vllm017_capture.py \
         capture scheduler --all --out traces/golden/v0.17
 """
 
@@ -16,7 +16,7 @@ def main() -> int:
 
     if not vllm.__version__.startswith("0.17."):
         return fail(f"vLLM {vllm.__version__} is imported, not 0.17.x "
-                    "(PYTHONPATH=<overlay>/src:<overlay>/extra)", ExitCode.ENVIRONMENT)
+                    "(PYTHONPATH=.vllm-0.17.1; ci/vllm-overlay.sh 0.17.1)", ExitCode.ENVIRONMENT)
     from harness.capture.cli import register
     from harness.capture.overlay_platform import use_cpu_platform_without_kernels
 

@@ -216,6 +216,10 @@ def _cmd_anonymize(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvconform",
                     description="Conformance harness for vLLM's v1 KV cache manager.")
+    parser.add_argument("--vllm", metavar="VERSION",
+                        default=os.environ.get("KVCONFORM_VLLM") or None,
+                        help="run the verb against that vLLM release's overlay (built if "
+                        "missing; also KVCONFORM_VLLM=VERSION), e.g. 0.25.1 or 0.25")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
 
     p = sub.add_parser("replay", help="run traces through a backend and check their answers")
@@ -308,11 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.capture.cli import register as register_capture
 
     register_capture(sub)
+    from harness.bisect import register as register_bisect
+
+    register_bisect(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.vllm:
+        from harness.vllm_overlay import activate_for_cli
+
+        code = activate_for_cli(args.vllm)
+        if code:
+            return code
     return run_verb(args.func, args)
 
 

@@ -2,7 +2,8 @@
 temp folder of the session's own that must be left clean.
 
 Tests that need vLLM fail loudly when it is missing (VllmBackend raises); only
-tests marked `vllm017` skip, when the installed vLLM is not 0.17.x.
+tests marked `vllm017` skip, when the installed vLLM is not 0.17.x (`make test`
+runs them in a second pass, with the 0.17.1 overlay on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(
         reason=f"needs vLLM 0.17.x (installed: {version or 'none'}); "
-        "see ci/vllm-017-overlay.sh"
+        "`make test` runs them through ci/vllm-overlay.sh 0.17.1"
     )
     for item in items:
         if "vllm017" in item.keywords:

@@ -2,14 +2,17 @@
 
 This module (with capture code) is the only place that imports vllm. It hides
 vLLM's API differences between releases behind the driver protocol; every
-difference is a field of the version profile, never an `if version` here.
+difference is a field of the release's API shape (vllm_api.py), never an
+`if version` here, so it drives every followed release, profiled or not.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from harness.backends.base import (
     Backend,
@@ -17,9 +20,11 @@ from harness.backends.base import (
     BlockIds,
     kv_event_json,
 )
+from harness.backends.vllm_api import VllmApi, api_for
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.events import AddRequest, Allocate
-from impl.profiles import StatsRecordedAt, UnsupportedVersion, VersionProfile, get_profile
+from harness.vllm_releases import UnknownRelease
+from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
 
 
 class EnvironmentProblem(RuntimeError):
@@ -42,6 +47,22 @@ def installed_vllm_profile() -> VersionProfile:
         return get_profile(version)
     except UnsupportedVersion as e:
         raise EnvironmentProblem(f"installed {e}") from None
+
+
+def installed_vllm_api() -> VllmApi:
+    """The API shape of the installed vLLM (profiled or not)."""
+    version = installed_vllm_version()
+    try:
+        return api_for(version)
+    except UnknownRelease as e:
+        raise EnvironmentProblem(str(e)) from None
+
+
+def vllm_sizing():
+    """The installed vLLM's module of KV cache sizing functions
+    (get_kv_cache_groups, get_kv_cache_config_from_groups, ...), wherever the
+    release keeps them."""
+    return importlib.import_module(installed_vllm_api().sizing_module)
 
 
 @contextmanager
@@ -107,16 +128,35 @@ def _accept_zeroing_arg_in_sink_manager() -> None:
     SinkFullAttentionManager.__init__ = __init__
 
 
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What CacheConfig.block_sizes reads of a profile."""
+
+    block_sizes_rule: BlockSizesRule
+
+
 class VllmBackend(Backend):
+    """The installed vLLM must have a profile (the trace's, when one is given).
+    With `any_release`, any followed release is driven as it is (bisect): its
+    profile, if it has one, is kept for reference; only its API shape is read."""
+
     name = "vllm"
 
-    def __init__(self, config: CacheConfig, profile: VersionProfile | None = None) -> None:
-        installed = installed_vllm_profile()
-        if profile is not None and profile.name != installed.name:
-            raise EnvironmentProblem(
-                f"the trace wants vLLM {profile.name} but vLLM "
-                f"{installed_vllm_version()} is installed"
-            )
+    def __init__(self, config: CacheConfig, profile: VersionProfile | None = None,
+                 any_release: bool = False) -> None:
+        if any_release:
+            try:
+                installed = get_profile(installed_vllm_version())
+            except UnsupportedVersion:
+                installed = None
+        else:
+            installed = installed_vllm_profile()
+            if profile is not None and profile.name != installed.name:
+                raise EnvironmentProblem(
+                    f"the trace wants vLLM {profile.name} but vLLM "
+                    f"{installed_vllm_version()} is installed"
+                )
+        self.api = installed_vllm_api()
         super().__init__(config, installed)
         # vLLM logs a warning per refused reset and per unseeded hash; the
         # harness reports those outcomes itself.
@@ -142,7 +182,8 @@ class VllmBackend(Backend):
             "1" if config.events_use_int_hashes else "0"
         )
 
-        if self.profile.sink_manager_rejects_zeroing_arg and any(
+        api = self.api
+        if api.sink_manager_rejects_zeroing_arg and any(
             g.kind == "sink_full_attention" for g in config.groups
         ):
             _accept_zeroing_arg_in_sink_manager()
@@ -153,7 +194,10 @@ class VllmBackend(Backend):
         kv_cache_config = KVCacheConfig(
             num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
-        scheduler_block_size, hash_block_size = config.block_sizes(self.profile)
+        # block_sizes reads only the rule, which the API shape carries for
+        # releases without a profile too.
+        rule = api.block_sizes_rule_for(len(config.groups))
+        scheduler_block_size, hash_block_size = config.block_sizes(_Rule(rule))
         kwargs = dict(
             max_model_len=config.max_model_len,
             hash_block_size=hash_block_size,
@@ -164,14 +208,14 @@ class VllmBackend(Backend):
         if config.dcp_world_size != 1 or config.pcp_world_size != 1:
             kwargs["dcp_world_size"] = config.dcp_world_size
             kwargs["pcp_world_size"] = config.pcp_world_size
-        if self.profile.manager_takes_scheduler_block_size:
+        if api.manager_takes_scheduler_block_size:
             kwargs["scheduler_block_size"] = scheduler_block_size
-        if config.max_in_flight_tokens is not None and self.profile.has_admission_controls:
+        if config.max_in_flight_tokens is not None and api.in_flight_tokens_arg:
             # Only the admission cap reads it; versions without one ignore it.
-            kwargs["max_in_flight_tokens"] = config.max_in_flight_tokens
+            kwargs[api.in_flight_tokens_arg] = config.max_in_flight_tokens
         if config.watermark:
-            if not self.profile.has_admission_controls:
-                raise BackendError(f"vLLM {self.profile.name} has no watermark", "cache.watermark")
+            if not api.manager_takes_watermark:
+                raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
         self.manager = KVCacheManager(kv_cache_config, **kwargs)
 
@@ -183,7 +227,11 @@ class VllmBackend(Backend):
         self._block_hasher = kv_cache_utils.get_request_block_hasher(
             hash_block_size, hash_fn
         )
-        self._arity3 = self.profile.get_computed_blocks_arity == 3
+        self._arity3 = api.get_computed_blocks_arity == 3
+
+    @property
+    def _release(self) -> str:
+        return installed_vllm_version()
 
     def _own_none_hash(self) -> None:
         # Another vLLM backend in this process may have re-seeded the global.
@@ -221,6 +269,8 @@ class VllmBackend(Backend):
             )
             prompt = None
         if ev.session_id is not None:
+            if not self.api.request_takes_session_id:
+                raise BackendError(f"vLLM {self._release} requests have no session_id", "session_id")
             kwargs["session_id"] = ev.session_id
         params = self._SamplingParams(
             max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache
@@ -244,17 +294,17 @@ class VllmBackend(Backend):
         return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
-        admission = {}
-        if ev.full_sequence_must_fit or ev.reserved_blocks or not ev.has_scheduled_reqs:
-            if not self.profile.has_admission_controls:
-                raise BackendError(
-                    f"vLLM {self.profile.name} allocate_slots has no admission controls",
-                    "full_sequence_must_fit")
-            admission = dict(
-                full_sequence_must_fit=ev.full_sequence_must_fit,
-                reserved_blocks=ev.reserved_blocks,
-                has_scheduled_reqs=ev.has_scheduled_reqs,
-            )
+        wanted = dict(
+            full_sequence_must_fit=ev.full_sequence_must_fit,
+            reserved_blocks=ev.reserved_blocks,
+            has_scheduled_reqs=ev.has_scheduled_reqs,
+        )
+        defaults = dict(full_sequence_must_fit=False, reserved_blocks=0, has_scheduled_reqs=True)
+        admission = {k: v for k, v in wanted.items() if v != defaults[k]}
+        unknown = [k for k in admission if k not in self.api.admission_args]
+        if unknown:
+            raise BackendError(f"vLLM {self._release} allocate_slots has no {unknown[0]}",
+                               unknown[0])
         # The first eight parameters are positional-compatible across versions.
         new = self.manager.allocate_slots(
             request,
@@ -283,9 +333,9 @@ class VllmBackend(Backend):
         self.manager.cache_blocks(self._request(req), num_computed_tokens)
 
     def record_stats(self, req: str, num_hits: int) -> None:
-        if self.profile.stats_recorded_at is not StatsRecordedAt.ADMISSION:
+        if not self.api.has_record_prefix_cache_stats:
             raise BackendError(
-                f"vLLM {self.profile.name} records prefix-cache stats at lookup; "
+                f"vLLM {self._release} records prefix-cache stats at lookup; "
                 "it has no record_prefix_cache_stats", "op")
         self.manager.record_prefix_cache_stats(self._request(req), num_hits)
 
@@ -299,8 +349,8 @@ class VllmBackend(Backend):
         self.manager.new_step_starts()
 
     def take_block_copies(self) -> list[tuple[int, int]]:
-        if not self.profile.partial_block_hits:
-            return []  # no copy-on-write before 0.32
+        if not self.api.has_block_copies:
+            return []  # no copy-on-write before 0.26
         copies, retained = self.manager.take_kv_cache_block_copies()
         if retained:
             # What the scheduler does once the copies have run.

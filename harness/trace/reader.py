@@ -28,7 +28,8 @@ TRACE_SUFFIXES = (".jsonl", *YAML_SUFFIXES)
 class Trace:
     path: str
     header: TraceHeader
-    profile: VersionProfile
+    # None only when opened with any_version and the version has no profile.
+    profile: VersionProfile | None
     records: Iterator[TraceRecord]
     # Bytes of the file, for progress bars over streamed traces.
     size: int = 0
@@ -51,7 +52,10 @@ def find_traces(paths: list[str]) -> list[str]:
     return out
 
 
-def open_trace(path: str) -> Trace:
+def open_trace(path: str, any_version: bool = False) -> Trace:
+    """A trace, streamed. Its vLLM version must have a profile (exit 3
+    otherwise) unless `any_version`: bisect runs a trace on many releases and
+    reads no profile."""
     if not os.path.exists(path):
         raise TraceError(path, 0, "(file)", "no such file")
     if os.path.isdir(path):
@@ -59,7 +63,8 @@ def open_trace(path: str) -> Trace:
     if path.endswith(YAML_SUFFIXES):
         header, objects = _load_yaml(path)
         records = _Records(path, header, objects)
-        return Trace(path, header, _profile(path, 1, header), records, os.path.getsize(path))
+        return Trace(path, header, _profile(path, header, any_version), records,
+                     os.path.getsize(path))
     f = open(path, "rb")
     try:
         first = f.readline()
@@ -68,13 +73,16 @@ def open_trace(path: str) -> Trace:
         f.close()
         raise
     records = _Records(path, header, _jsonl_objects(path, f, len(first)))
-    return Trace(path, header, _profile(path, 1, header), records, os.path.getsize(path))
+    return Trace(path, header, _profile(path, header, any_version), records,
+                 os.path.getsize(path))
 
 
-def _profile(path: str, line: int, header: TraceHeader) -> VersionProfile:
+def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfile | None:
     try:
         return get_profile(header.vllm_version)
     except UnsupportedVersion as e:
+        if any_version:
+            return None
         raise TraceError(path, line, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
 
 

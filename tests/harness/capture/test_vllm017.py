@@ -1,4 +1,4 @@
-"""Capture from vLLM 0.17.1 (through ci/vllm-017-overlay.sh; CI skips these):
+"""Capture from vLLM 0.17.1 (through its overlay, ci/vllm-overlay.sh; `make test` runs these):
 its Scheduler recorded, its KV events in the older array encoding."""
 
 import pytest

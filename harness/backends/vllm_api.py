@@ -1,0 +1,105 @@
+"""How each vLLM release is called: the API shapes of its KV cache manager,
+one row per range of releases (specs/RELEASES.md reads them from the source).
+
+A shape is about calling vLLM (constructor arguments, return arity, which
+methods exist, where a helper lives), not about what its answers are: answers
+are the version profiles' business (impl/profiles.py). The vLLM adapter
+(vllm_backend.py) reads these fields and nothing else about the release, so it
+drives every followed release, profiled or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from harness.vllm_releases import RELEASES, UnknownRelease, release_key
+from impl.profiles import BlockSizesRule
+
+
+@dataclass(frozen=True, slots=True)
+class VllmApi:
+    # The first release of the range this shape holds for.
+    since: str
+    # KVCacheManager.__init__ takes scheduler_block_size (required) next to
+    # hash_block_size.
+    manager_takes_scheduler_block_size: bool
+    # The KVCacheManager.__init__ keyword bounding the tokens scheduled in one
+    # step (None: no such argument).
+    in_flight_tokens_arg: str | None
+    # KVCacheManager.__init__ takes watermark.
+    manager_takes_watermark: bool
+    # allocate_slots' admission keywords, as far as the release has them.
+    admission_args: tuple[str, ...]
+    # get_computed_blocks returns (blocks, hits) or (blocks, hits,
+    # shared_prefix_boundary).
+    get_computed_blocks_arity: int
+    # record_prefix_cache_stats exists (the scheduler records a lookup on admission).
+    has_record_prefix_cache_stats: bool
+    # take_kv_cache_block_copies exists (copy-on-write of shared partial blocks).
+    has_block_copies: bool
+    # Request takes session_id.
+    request_takes_session_id: bool
+    # The coordinator passes needs_kv_cache_zeroing to every manager but
+    # SinkFullAttentionManager.__init__ does not take it (no sink group can be
+    # built); the adapter drops the argument.
+    sink_manager_rejects_zeroing_arg: bool
+    # The module holding the KV cache sizing functions (get_kv_cache_groups,
+    # get_kv_cache_config_from_groups, unify_kv_cache_spec_page_size, ...).
+    sizing_module: str
+    # How the engine derives the (scheduler, hash) block sizes it passes the
+    # manager, for a model with one KV cache group and for a hybrid one.
+    # 0.20-0.25 keep the old rule for one group (block_size * dcp * pcp) and
+    # the LCM/GCD rule for hybrids (which they refuse under context
+    # parallelism).
+    block_sizes_rule: BlockSizesRule
+    hybrid_block_sizes_rule: BlockSizesRule
+
+    def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
+        return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
+
+
+_ADMISSION = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
+
+_V017 = VllmApi(
+    since="0.17.1",
+    manager_takes_scheduler_block_size=False,
+    in_flight_tokens_arg=None,
+    manager_takes_watermark=False,
+    admission_args=(),
+    get_computed_blocks_arity=2,
+    has_record_prefix_cache_stats=False,
+    has_block_copies=False,
+    request_takes_session_id=False,
+    sink_manager_rejects_zeroing_arg=False,
+    sizing_module="vllm.v1.core.kv_cache_utils",
+    block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+    hybrid_block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+)
+_V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
+                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
+_V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
+_V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
+                admission_args=_ADMISSION[:2])
+_V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
+_V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
+                block_sizes_rule=BlockSizesRule.LCM_GCD,
+                get_computed_blocks_arity=3, has_block_copies=True,
+                sink_manager_rejects_zeroing_arg=True)
+_V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
+_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
+_V033 = replace(_V028, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
+
+# Oldest first; a release takes the last row whose `since` it has reached.
+SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V033)
+
+
+def api_for(version: str) -> VllmApi:
+    """The API shape of a vLLM release ('0.25.1', '0.32.0+cpu', ...)."""
+    key = release_key(version)
+    newest = release_key(RELEASES[-1])
+    if key < release_key(SHAPES[0].since) or key[:2] > newest[:2]:
+        raise UnknownRelease(
+            f"vLLM {version} is outside the releases whose API the adapter knows "
+            f"({SHAPES[0].since} to {RELEASES[-1]}; specs/RELEASES.md)"
+        )
+    return [s for s in SHAPES if release_key(s.since) <= key][-1]

@@ -1,0 +1,128 @@
+"""The vLLM adapter's table of API shapes, checked against each release's
+source (read with ast from its overlay, so no release is imported)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from harness.backends.vllm_api import SHAPES, VllmApi, api_for
+from harness.vllm_overlay import ensure, read_info, overlay_path
+from harness.vllm_releases import RELEASES, UnknownRelease
+from impl.profiles import StatsRecordedAt, get_profile
+
+# make test builds these (Makefile `overlays`); the others are checked when built.
+ALWAYS = ("0.17.1", "0.32.0", "0.33.0")
+
+
+def test_every_followed_release_has_a_shape_and_others_are_refused():
+    for release in RELEASES:
+        assert api_for(release) in SHAPES
+    for outside in ("0.16.0", "0.34.0"):
+        with pytest.raises(UnknownRelease):
+            api_for(outside)
+    assert api_for("0.33.0").sizing_module == "vllm.v1.core.kv_cache_planning"
+    assert api_for("0.32.0+cpu") is api_for("0.32.0")
+
+
+@pytest.mark.parametrize("release,profile", [("0.17.1", "0.17"), ("0.32.0", "0.32")])
+def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release, profile):
+    api, p = api_for(release), get_profile(profile)
+    assert api.get_computed_blocks_arity == p.get_computed_blocks_arity
+    assert api.manager_takes_scheduler_block_size == p.manager_takes_scheduler_block_size
+    assert api.sink_manager_rejects_zeroing_arg == p.sink_manager_rejects_zeroing_arg
+    assert api.block_sizes_rule == api.hybrid_block_sizes_rule == p.block_sizes_rule
+    assert api.has_record_prefix_cache_stats == (
+        p.stats_recorded_at is StatsRecordedAt.ADMISSION)
+    assert bool(api.admission_args) == p.has_admission_controls
+
+
+def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+    return {}
+
+
+def _params(f: ast.FunctionDef) -> list[str]:
+    return [a.arg for a in f.args.args[1:] + f.args.kwonlyargs]
+
+
+def source_mismatches(api: VllmApi, root: Path) -> list[str]:
+    """The fields of `api` that the release's source at `root` contradicts."""
+    core = root / "vllm" / "v1" / "core"
+    manager = _functions(core / "kv_cache_manager.py", "KVCacheManager")
+    init, alloc = _params(manager["__init__"]), _params(manager["allocate_slots"])
+    returns = manager["get_computed_blocks"].returns
+    arity = len(returns.slice.elts) if isinstance(returns, ast.Subscript) else None
+    request = _params(_functions(root / "vllm" / "v1" / "request.py", "Request")["__init__"])
+    sink = _params(_functions(core / "single_type_kv_cache_manager.py",
+                              "SinkFullAttentionManager")["__init__"])
+    coordinator_passes_zeroing = "needs_kv_cache_zeroing=" in (
+        core / "kv_cache_coordinator.py").read_text()
+    sizing = root / Path(*api.sizing_module.split(".")).with_suffix(".py")
+    seen = {
+        "manager_takes_scheduler_block_size": "scheduler_block_size" in init,
+        "in_flight_tokens_arg": next((a for a in ("max_num_batched_tokens",
+                                                   "max_in_flight_tokens") if a in init), None),
+        "manager_takes_watermark": "watermark" in init,
+        "admission_args": tuple(a for a in ("full_sequence_must_fit", "reserved_blocks",
+                                            "has_scheduled_reqs") if a in alloc),
+        "get_computed_blocks_arity": arity,
+        "has_record_prefix_cache_stats": "record_prefix_cache_stats" in manager,
+        "has_block_copies": "take_kv_cache_block_copies" in manager,
+        "request_takes_session_id": "session_id" in request,
+        "sink_manager_rejects_zeroing_arg": coordinator_passes_zeroing
+        and "needs_kv_cache_zeroing" not in sink,
+        "sizing_module": api.sizing_module if sizing.exists()
+        and "\ndef get_kv_cache_groups(" in sizing.read_text() else None,
+    }
+    return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
+            if getattr(api, k) != v]
+
+
+def _source_root(release: str) -> Path:
+    if release in ALWAYS:
+        return ensure(release, progress=False).path
+    if read_info(overlay_path(release)) is None:
+        pytest.skip(f"no overlay of vLLM {release} (ci/vllm-overlay.sh {release})")
+    return overlay_path(release)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_table_matches_each_releases_source(release):
+    assert source_mismatches(api_for(release), _source_root(release)) == []
+
+
+def test_a_wrong_row_is_caught():
+    # Negative control: the checker must see a shape the source contradicts.
+    root = _source_root("0.33.0")
+    wrong = dataclasses.replace(api_for("0.33.0"), get_computed_blocks_arity=2,
+                                sizing_module="vllm.v1.core.kv_cache_utils")
+    found = source_mismatches(wrong, root)
+    assert [m.split(":")[0] for m in found] == ["get_computed_blocks_arity", "sizing_module"]
+
+
+def test_sizing_functions_are_found_where_each_release_keeps_them():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("from harness.backends.vllm_backend import vllm_sizing\n"
+             "from vllm.v1.core import kv_cache_utils\n"
+             "m = vllm_sizing()\n"
+             "print(m.__name__, hasattr(m, 'get_kv_cache_groups'),"
+             " hasattr(kv_cache_utils, 'get_kv_cache_groups'))\n")
+    seen = {}
+    for release in ("0.32.0", "0.33.0"):
+        env = {**os.environ, "PYTHONPATH": str(ensure(release, progress=False).path)}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=600)
+        seen[release] = done.stdout.split()
+    assert seen["0.32.0"] == ["vllm.v1.core.kv_cache_utils", "True", "True"]
+    # 0.33 moved them without a re-export: kv_cache_utils no longer has them.
+    assert seen["0.33.0"] == ["vllm.v1.core.kv_cache_planning", "True", "False"]
