@@ -37,6 +37,9 @@ API_FEATURES = {
     "take_boundary_state_offloads": F.BOUNDARY_OFFLOADS,
     "get_num_common_prefix_blocks": F.COMMON_PREFIX,
     "get_computed_blocks_for_connector": F.CONNECTOR_LOOKUP,
+    "use_eagle": F.EAGLE,
+    "set_block_hash": F.BLOCK_API,
+    "reset_hash": F.BLOCK_API,
 }
 
 
@@ -78,7 +81,7 @@ def verdict_on_impl(rec: dict) -> tuple[str, str, str | None]:
         if not rec.get("impl_calls"):
             return NOT_APPLICABLE, "never reaches impl", None
         if rec.get("vllm_kv_calls"):
-            first = ", ".join(n for n, _ in (rec.get("vllm_kv_top") or [])[:2])
+            first = (rec.get("vllm_kv_top") or [["?"]])[0][0]
             return NOT_APPLICABLE, f"answers come from vLLM's own KV cache code ({first})", None
         return PASSED, "", None
     if rec["outcome"] == "skipped":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -71,11 +72,36 @@ def _exception_summary(excinfo) -> dict:
                 out["missing_api"] = f"{cur.owner}.{cur.name}"
             break
         cur = cur.__cause__ or cur.__context__
+    if "missing_api" not in out:
+        api = _impl_api_error(exc)
+        if api:
+            out["lacks"], out["lacks_detail"], out["missing_api"] = "API", api, api
     tb = excinfo.traceback
     if tb:
         entry = tb[-1]
         out["where"] = f"{entry.path}:{entry.lineno + 1}"
     return out
+
+
+_UNEXPECTED_KW = re.compile(r"(\w+(?:\.\w+)?)\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def _impl_api_error(exc) -> str | None:
+    """`Class.name` when the error is a name impl's object lacks: an
+    AttributeError on an impl object, or an impl callable refusing a vLLM
+    keyword."""
+    if isinstance(exc, AttributeError):
+        obj = getattr(exc, "obj", None)
+        if obj is not None and type(obj).__module__.startswith("impl."):
+            return f"{type(obj).__name__}.{exc.name}"
+    if isinstance(exc, TypeError):
+        m = _UNEXPECTED_KW.search(str(exc))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if m and tb is not None and "/harness/peer/instrument.py" in tb.tb_frame.f_code.co_filename:
+            return f"{m.group(1)}({m.group(2)}=...)"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -48,6 +48,7 @@ def _entries():
         pairs.append((getattr(vku, name), getattr(hashing, name)))
     for name in sizing.REBOUND:
         pairs.append((getattr(vku, name), getattr(sizing, name)))
+    pairs.extend(sizing.spec_classes())
     return pairs
 
 
@@ -78,7 +79,7 @@ class _ProxyModule(types.ModuleType):
 
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
-            "vllm.utils.hashing")
+            "vllm.utils.hashing", "vllm.v1.kv_cache_interface")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:

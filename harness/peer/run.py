@@ -24,7 +24,7 @@ def run_pass(mode: str, root: Path, records: Path, env: dict[str, str], workers:
                KVCONFORM_PEER_RECORDS=str(records.resolve()))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:kvconform",
            "-p", "harness.peer.plugin", "--rootdir", str(root), "-W", "ignore",
-           "--no-header", "-rN"]
+           "--no-header", "-rN", "--tb=no"]
     if workers != "0":
         cmd += ["-n", workers]
     cmd += [*extra, *tests]

@@ -93,9 +93,16 @@ class Adapter:
 
     def __setattr__(self, name: str, value) -> None:
         impl = object.__getattribute__(self, "_impl")
-        if name in type(self).__dict__ or name.startswith("_kvconform"):
+        if hasattr(type(self), name) or name.startswith("_kvconform"):
+            attr = getattr(type(self), name, None)
+            if isinstance(attr, property):
+                attr.__set__(self, value)
+                return
             object.__setattr__(self, name, value)
             return
+        if not hasattr(impl, name):
+            # impl would take the new attribute silently and never read it.
+            raise MissingImplAPI(type(impl).__name__, name)
         try:
             setattr(impl, name, unwrap(value))
         except AttributeError:

@@ -91,7 +91,8 @@ def hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, ex
 def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
     keys = ihash.block_extra_keys(convert.to_impl_request(request), start_token_idx,
                                   end_token_idx, convert.PROFILE.tagged_extra_keys)
-    return keys, NotFromImpl("the next multimodal feature index", "API")
+    return keys, NotFromImpl("the next multimodal feature index",
+                             "API: generate_block_hash_extra_keys' next mm feature index")
 
 
 def to_event_extra_keys(extra_keys):
@@ -105,9 +106,18 @@ get_block_hash = ihash.get_block_hash
 get_group_id = ihash.get_group_id
 
 
-def BlockHashListWithBlockSize(block_hashes, hash_block_size, target_block_size):  # noqa: N802
-    return iview.BlockHashListWithBlockSize(block_hashes, hash_block_size, target_block_size,
-                                            convert.PROFILE.coarse_block_hash)
+class _ViewMeta(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, iview.BlockHashListWithBlockSize)
+
+
+class BlockHashListWithBlockSize(metaclass=_ViewMeta):
+    """Builds impl's view from vLLM's constructor arguments."""
+
+    def __new__(cls, block_hashes, hash_block_size, target_block_size):
+        return iview.BlockHashListWithBlockSize(block_hashes, hash_block_size,
+                                                target_block_size,
+                                                convert.PROFILE.coarse_block_hash)
 
 
 def resolve_block_hashes(block_hashes, hash_block_size, block_size, *,

@@ -121,9 +121,10 @@ class KVCacheCoordinator(Adapter):
         blocks, num_hits = unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
         return blocks, num_hits, NotFromImpl("num_uncached_common_prefix_tokens", F.RETENTION)
 
-    @property
-    def retention_interval(self):
+    def _no_retention(self, *_value):
         raise ImplLacks(F.RETENTION, "coordinator.retention_interval")
+
+    retention_interval = property(_no_retention, _no_retention)
 
     @property
     def eagle_group_ids(self):

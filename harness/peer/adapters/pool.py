@@ -69,7 +69,7 @@ class _BlockMeta(type):
         return isinstance(obj, iblock.KVCacheBlock)
 
 
-class KVCacheBlock(metaclass=_BlockMeta):
+class KVCacheBlock(metaclass=_BlockMeta):  # noqa: D101
     """Builds impl's KVCacheBlock from vLLM's constructor fields."""
 
     def __new__(cls, block_id, ref_cnt=0, *, pool=None, is_null=False, **rest):

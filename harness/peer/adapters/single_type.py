@@ -51,20 +51,24 @@ class _Manager(Adapter):
                      replay_boundaries=()):
         require(retention_interval is None, F.RETENTION, f"retention_interval={retention_interval}")
         require(not replay_boundaries, F.REPLAY_BOUNDARIES)
-        unwrap(self).cache_blocks(convert.to_impl_request(request), num_tokens)
+        impl = unwrap(self)
+        # Through the class: a test may have replaced the method on the object.
+        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):
-        unwrap(self).remove_skipped_blocks(request_id, processed_computed_tokens,
-                                           num_prompt_tokens)
+        impl = unwrap(self)
+        type(impl).remove_skipped_blocks(impl, request_id, processed_computed_tokens,
+                                         num_prompt_tokens)
 
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
                                           num_external_computed_tokens,
                                           record_for_zeroing=True):
         # The flag only matters when blocks are recorded for zeroing (refused
         # at construction above).
-        unwrap(self).allocate_external_computed_blocks(
-            request_id, num_local_computed_tokens, num_external_computed_tokens)
+        impl = unwrap(self)
+        type(impl).allocate_external_computed_blocks(
+            impl, request_id, num_local_computed_tokens, num_external_computed_tokens)
 
     def take_new_block_ids(self):
         raise ImplLacks(F.ZEROING, "take_new_block_ids")
