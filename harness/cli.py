@@ -260,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "impl vs the installed vLLM, as a table")
     p.set_defaults(func=_cmd_conform)
 
+    from harness.peer.cli import add_peer_parser
+
+    add_peer_parser(sub)
+
     # capture (scheduler, tiny engine, server plugin, KV events) and anonymize.
     from harness.capture.cli import register as register_capture
 
