@@ -24,9 +24,13 @@ REQUIREMENTS := \
 	jsonschema==4.26.0 \
 	fastjsonschema==2.22.3 \
 	pytest-xdist==3.8.0 \
-	matplotlib==3.11.2
+	matplotlib==3.11.2 \
+	tblib==3.2.2 \
+	setuptools-scm==10.3.4 \
+	setuptools-rust==1.13.0 \
+	jinja2==3.1.6
 
-.PHONY: install test conform bench gpu-check clean-venv
+.PHONY: install test conform peer bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -47,6 +51,13 @@ test: install
 conform: install
 	mkdir -p .gate
 	$(VENV)/bin/kvconform gate --junit .gate/junit.xml --summary .gate/summary.md
+
+# vLLM's own KV-cache unit tests (from the installed version's sdist), run on
+# vLLM and then on impl through harness/peer's adapters; results in .peer/
+# (summary.json, summary.md, gaps.md). tblib: vLLM's tests/conftest.py;
+# setuptools-scm, setuptools-rust, jinja2: fetching vLLM's sdist.
+peer: install
+	$(VENV)/bin/kvconform peer
 
 bench: install
 	mkdir -p .bench
