@@ -51,10 +51,12 @@ class Verdict:
     impl: str | None  # PASSED / FAILED / NOT_APPLICABLE, None if not run on impl
     reason: str = ""
     feature: str | None = None  # set when the reason is a feature impl lacks
+    # Every feature the adapters found the test needs (the first is `feature`).
+    needs: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {"nodeid": self.nodeid, "file": self.file, "vllm": self.vllm, "impl": self.impl,
-                "reason": self.reason, "feature": self.feature}
+                "reason": self.reason, "feature": self.feature, "needs": list(self.needs)}
 
 
 def test_file(nodeid: str) -> str:
@@ -78,6 +80,15 @@ def verdict_on_impl(rec: dict) -> tuple[str, str, str | None]:
     name = rec["nodeid"].split("::", 1)[-1]
     finding = findings.lookup(name)
     if rec["outcome"] == "passed":
+        seen = rec.get("lacks_seen") or []
+        if seen:
+            # Passed only because the test expected an error and an adapter's
+            # refusal (ImplLacks is an AttributeError for missing names) was one.
+            feat, detail = seen[0]
+            if feat == "API":
+                verdict, feature, reason = _api_reason(detail)
+                return verdict, reason, feature
+            return FAILED, f"impl lacks {feat} ({detail})", feat
         if not rec.get("impl_calls"):
             return NOT_APPLICABLE, "never reaches impl", None
         if rec.get("vllm_kv_calls"):
@@ -112,6 +123,20 @@ def verdict_on_impl(rec: dict) -> tuple[str, str, str | None]:
                     f"{exc.get('message', '')[:160]}"), None
 
 
+def features_needed(rec: dict, first: str | None) -> tuple[str, ...]:
+    """The features impl lacks that a test ran into (each adapter check of
+    its inputs is made before refusing them), the blocking one first."""
+    out = [first] if first else []
+    for feat, detail in rec.get("lacks_seen") or []:
+        if feat == "API":
+            verdict, feat, _ = _api_reason(detail)
+            if verdict != FAILED:
+                continue
+        if feat not in out:
+            out.append(feat)
+    return tuple(out)
+
+
 def classify(vllm_records: dict[str, dict], impl_records: dict[str, dict]) -> list[Verdict]:
     out = []
     for nodeid, vrec in vllm_records.items():
@@ -122,5 +147,7 @@ def classify(vllm_records: dict[str, dict], impl_records: dict[str, dict]) -> li
                 v.impl, v.reason = FAILED, "not run on impl (collection or worker failure)"
             else:
                 v.impl, v.reason, v.feature = verdict_on_impl(irec)
+                if v.impl == FAILED:
+                    v.needs = features_needed(irec, v.feature)
         out.append(v)
     return out

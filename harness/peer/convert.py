@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from harness.peer import features as F
-from harness.peer.lacks import ImplLacks, require
+from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_spec as ispec
 from impl import kv_cache_sizing as isizing
 from impl import request as ireq
@@ -27,18 +27,22 @@ _LABELS = {"mamba_type", "cache_dtype_str", "model_version", "alignment"}
 
 
 def _defaults_only(spec, fields: dict[str, str]) -> None:
-    """Raise ImplLacks(feature) for every field in `fields` set to a
-    non-default value (impl has no counterpart for it)."""
-    by_name = {f.name: f for f in dataclasses.fields(spec)}
-    for name, feature in fields.items():
-        f = by_name.get(name)
-        if f is None:
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        value = getattr(spec, name)
-        if value != default and not (name == "tokens_per_state" and value in (1, -1)):
-            raise ImplLacks(feature, f"{type(spec).__name__}.{name}={value!r}")
+    """Raise ImplLacks(feature) for the fields in `fields` set to a
+    non-default value (impl has no counterpart for them), after checking all."""
+    with Checks() as checks:
+        for name, feature in fields.items():
+            checks.run(_default_only, spec, name, feature)
+
+
+def _default_only(spec, name: str, feature: str) -> None:
+    f = {f.name: f for f in dataclasses.fields(spec)}.get(name)
+    if f is None:
+        return
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    value = getattr(spec, name)
+    if value != default and not (name == "tokens_per_state" and value in (1, -1)):
+        raise ImplLacks(feature, f"{type(spec).__name__}.{name}={value!r}")
 
 
 _ATTENTION_UNSUPPORTED = {
@@ -98,8 +102,9 @@ def to_impl_spec(spec):
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
-    require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
-    _defaults_only(spec, _ATTENTION_UNSUPPORTED)
+    with Checks() as checks:
+        checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
+        checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
     common = dict(
         block_size=spec.block_size,
         num_kv_heads=spec.num_kv_heads,
@@ -113,7 +118,8 @@ def to_impl_spec(spec):
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
         return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
                                       attention_chunk_size=spec.attention_chunk_size)
-    common["head_size_v"] = spec.head_size_v
+    # impl writes "V head as wide as K" as None; vLLM fills the number in.
+    common["head_size_v"] = None if spec.head_size_v == spec.head_size else spec.head_size_v
     if isinstance(spec, v.SinkFullAttentionSpec):
         return ispec.SinkFullAttentionSpec(**common, sliding_window=spec.sliding_window,
                                            attention_chunk_size=spec.attention_chunk_size,
@@ -135,25 +141,28 @@ def to_impl_spec(spec):
 def to_impl_group(group):
     from vllm.v1.kv_cache_interface import KVCacheGroupRole
 
-    require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
-    require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
-            F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
-    require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
-    return ispec.KVCacheGroupSpec(tuple(group.layer_names), to_impl_spec(group.kv_cache_spec))
+    with Checks() as checks:
+        checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
+        checks.require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
+                       F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
+        checks.require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
+        spec = checks.run(to_impl_spec, group.kv_cache_spec)
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
     """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
     plan is the sizing's output, not the manager's input)."""
-    require(config.prefix_cache_retention_interval is None, F.RETENTION,
-            f"prefix_cache_retention_interval={config.prefix_cache_retention_interval}")
-    require(config.hisparse_host_num_blocks is None, F.HISPARSE, "hisparse_host_num_blocks")
-    require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
-    require(config.kv_tp_replicas == 1, F.TP_REPLICAS, f"kv_tp_replicas={config.kv_tp_replicas}")
-    return ispec.KVCacheConfig(
-        num_blocks=config.num_blocks,
-        kv_cache_groups=tuple(to_impl_group(g) for g in config.kv_cache_groups),
-    )
+    with Checks() as checks:
+        checks.require(config.prefix_cache_retention_interval is None, F.RETENTION,
+                       f"prefix_cache_retention_interval={config.prefix_cache_retention_interval}")
+        checks.require(config.hisparse_host_num_blocks is None, F.HISPARSE,
+                       "hisparse_host_num_blocks")
+        checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
+        checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
+                       f"kv_tp_replicas={config.kv_tp_replicas}")
+        groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
+    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:

@@ -47,6 +47,32 @@ def require(condition: bool, feature: str, detail: str = "") -> None:
         raise ImplLacks(feature, detail)
 
 
+class Checks:
+    """Run every check of an input before refusing it, so a test's record
+    names every feature its input needs (each ImplLacks is remembered), not
+    only the first; the first is raised at the end."""
+
+    def __init__(self) -> None:
+        self.first: ImplLacks | None = None
+
+    def __enter__(self) -> "Checks":
+        return self
+
+    def run(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ImplLacks as e:
+            self.first = self.first or e
+            return None
+
+    def require(self, condition: bool, feature: str, detail: str = "") -> None:
+        self.run(require, condition, feature, detail)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self.first is not None:
+            raise self.first
+
+
 class NotFromImpl:
     """A result vLLM returns and impl does not compute; using it raises."""
 

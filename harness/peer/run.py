@@ -5,6 +5,7 @@ sdist or vLLM cannot be had."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -52,10 +53,10 @@ def main(out: Path = Path(".peer"), workers: str = "auto", rerun_vllm: bool = Fa
         return ExitCode.ENVIRONMENT
     env = hf_offline.build((out / "hf-home").resolve())
     tests = tests or selection.test_paths()
-    vllm_records = out / f"vllm-{version}-records.jsonl"
-    if rerun_vllm or not vllm_records.exists() or tests != selection.test_paths():
-        if tests != selection.test_paths():
-            vllm_records = out / "vllm-subset-records.jsonl"
+    # vLLM's results depend only on its version and the tests chosen: cached.
+    key = hashlib.sha256("\n".join(sorted(tests)).encode()).hexdigest()[:12]
+    vllm_records = out / f"vllm-{version}-{key}-records.jsonl"
+    if rerun_vllm or not vllm_records.exists():
         run_pass("vllm", root, vllm_records, env, workers, tests, pytest_args)
     else:
         print(f"peer: vLLM results from {vllm_records} (--rerun-vllm to run them again)")

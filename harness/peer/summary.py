@@ -87,15 +87,24 @@ def markdown(summary: dict, verdicts: list[Verdict], seconds: float | None = Non
 
 def gaps_markdown(verdicts: list[Verdict]) -> str:
     lines = ["# Features impl lacks, by vLLM tests that need them", "",
-             "| feature | failing tests | examples |", "|---|---:|---|"]
+             "*blocked*: tests failing first on the feature; *need it*: failing tests whose "
+             "inputs need it (a test may need several); *alone*: failing tests it is the "
+             "only known gap of (what adding it alone should turn into passes).", "",
+             "| feature | blocked | need it | alone | tests (names) |", "|---|---:|---:|---:|---|"]
     by_feature: dict[str, list[Verdict]] = defaultdict(list)
+    need: Counter = Counter()
+    alone: Counter = Counter()
     for v in verdicts:
         if v.impl == FAILED and v.feature:
             by_feature[v.feature].append(v)
+        if v.impl == FAILED:
+            need.update(v.needs)
+            if len(v.needs) == 1:
+                alone[v.needs[0]] += 1
     for feature, vs in sorted(by_feature.items(), key=lambda kv: -len(kv[1])):
         names = sorted({v.nodeid.split("::", 1)[1].split("[", 1)[0] for v in vs})
         shown = ", ".join(f"`{n}`" for n in names[:4]) + (f" (+{len(names) - 4})" if len(names) > 4 else "")
-        lines.append(f"| {feature} | {len(vs)} | {shown} |")
+        lines.append(f"| {feature} | {len(vs)} | {need[feature]} | {alone[feature]} | {shown} |")
     other = [v for v in verdicts if v.impl == FAILED and not v.feature]
     lines += ["", f"Failing for another reason (a divergence or unclassified): {len(other)}", ""]
     for v in other:

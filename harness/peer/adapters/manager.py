@@ -6,7 +6,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
-from harness.peer.lacks import ImplLacks, NotFromImpl, require
+from harness.peer.lacks import Checks, ImplLacks, NotFromImpl, require
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -26,16 +26,18 @@ class KVCacheManager(Adapter):
                  num_prefill_lookahead=0, log_stats=False, enable_kv_cache_events=False,
                  dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
                  enable_mamba_shared_prefix_checkpoint=False):
-        require(not use_eagle, F.EAGLE, "KVCacheManager(use_eagle=True)")
-        require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
-                f"num_prefill_lookahead={num_prefill_lookahead}")
-        require(metrics_collector is None, F.METRICS_COLLECTOR)
-        require(not enable_mamba_shared_prefix_checkpoint, F.RETENTION,
-                "enable_mamba_shared_prefix_checkpoint")
+        with Checks() as checks:
+            checks.require(not use_eagle, F.EAGLE, "KVCacheManager(use_eagle=True)")
+            checks.require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
+                           f"num_prefill_lookahead={num_prefill_lookahead}")
+            checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
+            checks.require(not enable_mamba_shared_prefix_checkpoint, F.RETENTION,
+                           "enable_mamba_shared_prefix_checkpoint")
+            config = checks.run(convert.to_impl_config, kv_cache_config)
         if watermark < 0:
             raise AssertionError("watermark must be non-negative")
         impl = ikvm.KVCacheManager(
-            convert.to_impl_config(kv_cache_config),
+            config,
             max_model_len,
             hash_block_size,
             convert.PROFILE,
