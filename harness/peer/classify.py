@@ -25,6 +25,7 @@ PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not_applicable"
 _NOT_IMPLEMENTED = (
     (re.compile(r"speculative blocks in Mamba 'align'"), F.MAMBA_SPEC_ALIGN),
     (re.compile(r"packed groups"), F.PACKED_GROUPS),
+    (re.compile(r"cannot be padded"), F.FULL_ALLOCATION_FALLBACK),
 )
 
 # Public API names impl lacks -> the feature they belong to (else "API: name").

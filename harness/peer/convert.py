@@ -22,8 +22,9 @@ PROFILE = get_profile("0.32")
 
 # -- specs --------------------------------------------------------------------------
 
-# vLLM spec fields that only label a spec (no behaviour impl models differs by them).
-_LABELS = {"mamba_type", "cache_dtype_str", "model_version", "alignment"}
+# Not checked: fields that only label a spec (mamba_type, model_version) and
+# max_tp_shards, which only vLLM's tensor-parallel replica
+# count reads (kv_cache_groups_tp_replicas, an API impl lacks: refused there).
 
 
 def _defaults_only(spec, fields: dict[str, str]) -> None:
@@ -47,7 +48,6 @@ def _default_only(spec, name: str, feature: str) -> None:
 
 _ATTENTION_UNSUPPORTED = {
     "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
-    "max_tp_shards": F.TP_REPLICAS,
     "kv_quant_mode": F.KV_QUANT,
     "num_head_slots": F.HEAD_SLOTS,
     "state_content_bytes": F.HEAD_SLOTS,
@@ -113,8 +113,11 @@ def to_impl_spec(spec):
         page_size_padded=spec.page_size_padded,
     )
     if isinstance(spec, v.MLAAttentionSpec):
+        # cache_dtype_str: a packed MLA cache format (e.g. fp8_ds_mla, with its
+        # own page layout), not a label.
         _defaults_only(spec, {"cache_role": F.SPARSE_MLA, "is_index_group_leader": F.SPARSE_MLA,
-                              "non_causal_multi_token_decode": F.SPARSE_MLA})
+                              "non_causal_multi_token_decode": F.SPARSE_MLA,
+                              "cache_dtype_str": F.KV_QUANT})
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
         return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
                                       attention_chunk_size=spec.attention_chunk_size)

@@ -44,11 +44,16 @@ def _entries():
     for name in ("init_none_hash", "get_request_block_hasher", "hash_block_tokens",
                  "generate_block_hash_extra_keys", "to_event_extra_keys",
                  "make_block_hash_with_group_id", "get_block_hash", "get_group_id",
-                 "BlockHashListWithBlockSize", "resolve_block_hashes"):
+                 "BlockHashListWithBlockSize", "resolve_block_hashes",
+                 "maybe_convert_block_hash"):
         pairs.append((getattr(vku, name), getattr(hashing, name)))
     for name in sizing.REBOUND:
         pairs.append((getattr(vku, name), getattr(sizing, name)))
     pairs.extend(sizing.spec_classes())
+    import vllm.v1.kv_cache_interface as vki
+
+    for name in sizing.INTERFACE_REBOUND:
+        pairs.append((getattr(vki, name), getattr(sizing, name)))
     return pairs
 
 

@@ -125,3 +125,10 @@ def resolve_block_hashes(block_hashes, hash_block_size, block_size, *,
     return iview.resolve_block_hashes(block_hashes, hash_block_size, block_size,
                                       convert.PROFILE.coarse_block_hash,
                                       supports_fine_grained_hash_lookup, alignment_tokens)
+
+
+def maybe_convert_block_hash(hash_bytes):
+    from harness.peer.adapters.pool import events_use_int_hashes
+    from impl import block_pool as ipool
+
+    return ipool.external_block_hash(hash_bytes, events_use_int_hashes())

@@ -35,7 +35,10 @@ REBOUND = (
     "unify_hybrid_kv_cache_specs",
     "get_kv_cache_configs",
     "resolve_kv_cache_block_sizes",
+    "resolve_dcp_kv_block_size",
 )
+# kv_cache_interface's module functions rebound too.
+INTERFACE_REBOUND = ("get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window")
 
 # vLLM spec classes rebound to subclasses whose sizing answers are impl's.
 SPEC_CLASSES = (
@@ -89,6 +92,11 @@ def _check_config(vllm_config) -> None:
 # -- specs and groups back to vLLM's types -------------------------------------------------
 
 
+# The spec fields impl's grouping and sizing decide (unified block sizes,
+# padded pages, merged windows); the others are the template's as they were.
+_COMPUTED_FIELDS = ("block_size", "page_size_padded", "sliding_window", "attention_chunk_size")
+
+
 def to_vllm_spec(spec, template):
     """impl's spec as vLLM's, from the vLLM spec it was made of (the
     template keeps the fields impl does not model, e.g. the torch dtype)."""
@@ -106,9 +114,9 @@ def to_vllm_spec(spec, template):
     names = {f.name for f in dataclasses.fields(cls)}
     values = {f.name: getattr(template, f.name) for f in dataclasses.fields(template)
               if f.name in names}
-    for f in dataclasses.fields(spec):
-        if f.name in names:
-            values[f.name] = getattr(spec, f.name)
+    for name in _COMPUTED_FIELDS:
+        if name in names and hasattr(spec, name):
+            values[name] = getattr(spec, name)
     return cls(**values)
 
 
@@ -203,6 +211,26 @@ def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
     )
 
 
+def resolve_dcp_kv_block_size(spec, dcp_world_size: int) -> int:
+    return isizing.resolve_dcp_block_size(convert.to_impl_spec(spec), dcp_world_size)
+
+
+def get_kv_cache_spec_kind(kv_cache_spec):
+    from vllm.v1.kv_cache_interface import KVCacheSpecKind
+
+    spec = convert.to_impl_spec(kv_cache_spec)
+    if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
+        raise MissingImplAPI("UniformTypeKVCacheSpecs", "kind")
+    return KVCacheSpecKind(spec.kind)
+
+
+def get_kv_cache_spec_sliding_window(kv_cache_spec):
+    spec = convert.to_impl_spec(kv_cache_spec)
+    if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
+        raise MissingImplAPI("UniformTypeKVCacheSpecs", "sliding_window_of_events")
+    return spec.sliding_window_of_events
+
+
 def _missing(name: str):
     def missing(*args, **kwargs):
         raise MissingImplAPI("impl.kv_cache_sizing", name)
@@ -226,6 +254,11 @@ def _spec_subclass(vllm_cls):
     def page_size_bytes(self) -> int:
         return isizing.page_size_bytes(convert.to_impl_spec(self))
 
+    def merge(cls, specs):
+        # impl's MergeError (a ValueError) goes to the test as it is.
+        merged = isizing.merge_specs([convert.to_impl_spec(s) for s in specs])
+        return to_vllm_spec(merged, specs[0])
+
     def max_memory_usage_bytes(self, vllm_config) -> int:
         return isizing.max_memory_usage_bytes(
             convert.to_impl_spec(self), _max_model_len(vllm_config), _dcp(vllm_config),
@@ -236,6 +269,7 @@ def _spec_subclass(vllm_cls):
         "__module__": __name__,
         "page_size_bytes": property(page_size_bytes),
         "max_memory_usage_bytes": max_memory_usage_bytes,
+        "merge": classmethod(merge),
         "__kvconform_spec__": True,
     })
 
