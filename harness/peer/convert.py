@@ -113,11 +113,11 @@ def to_impl_spec(spec):
         page_size_padded=spec.page_size_padded,
     )
     if isinstance(spec, v.MLAAttentionSpec):
-        # cache_dtype_str: a packed MLA cache format (e.g. fp8_ds_mla, with its
-        # own page layout), not a label.
+        # cache_dtype_str: the MLA cache format; vLLM never groups layers of
+        # different formats together, impl has no such field.
         _defaults_only(spec, {"cache_role": F.SPARSE_MLA, "is_index_group_leader": F.SPARSE_MLA,
                               "non_causal_multi_token_decode": F.SPARSE_MLA,
-                              "cache_dtype_str": F.KV_QUANT})
+                              "cache_dtype_str": F.MLA_CACHE_DTYPE})
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
         return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
                                       attention_chunk_size=spec.attention_chunk_size)
