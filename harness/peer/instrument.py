@@ -26,6 +26,7 @@ VLLM_KV_MODULES = (
     "vllm.v1.core.block_pool",
     "vllm.v1.core.single_type_kv_cache_manager",
     "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.core.kv_cache_metrics",
     "vllm.v1.kv_cache_interface",
 )
 _vllm_calls: dict[str, int] = {}
