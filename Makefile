@@ -26,7 +26,11 @@ REQUIREMENTS := \
 	fastjsonschema==2.22.3 \
 	pytest-xdist==3.8.0 \
 	matplotlib==3.11.2 \
-	ruff==0.17.6
+	ruff==0.17.6 \
+	tblib==3.2.2 \
+	setuptools-scm==10.3.4 \
+	setuptools-rust==1.13.0 \
+	jinja2==3.1.6
 
 # Seconds of differential fuzzing in `make conform` (.ci/run uses fewer).
 FUZZ_SECONDS ?= 60
@@ -36,7 +40,7 @@ FUZZ_SECONDS ?= 60
 # vllm017, 0.32.0 and 0.33.0 for the bisect and API-shape tests.
 TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 
-.PHONY: install overlays test lint conform bench gpu-check clean-venv
+.PHONY: install overlays test lint conform peer bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -68,6 +72,13 @@ conform: install
 	mkdir -p .gate
 	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) \
 		--junit .gate/junit.xml --summary .gate/summary.md
+
+# vLLM's own KV-cache unit tests (from the installed version's sdist), run on
+# vLLM and then on impl through harness/peer's adapters; results in .peer/
+# (summary.json, summary.md, gaps.md). tblib: vLLM's tests/conftest.py;
+# setuptools-scm, setuptools-rust, jinja2: fetching vLLM's sdist.
+peer: install
+	$(VENV)/bin/kvconform peer
 
 bench: install
 	mkdir -p .bench

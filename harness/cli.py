@@ -308,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record hashes and KV events anew with the installed vLLM")
     p.set_defaults(func=_cmd_anonymize)
 
+    from harness.peer.cli import add_peer_parser
+
+    add_peer_parser(sub)
+
     # capture (scheduler, tiny engine, server plugin, KV events).
     from harness.capture.cli import register as register_capture
 

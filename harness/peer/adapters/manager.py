@@ -1,0 +1,133 @@
+"""vLLM's KVCacheManager (and its coordinator as tests read it) over impl's."""
+
+from __future__ import annotations
+
+from harness.peer import convert
+from harness.peer import features as F
+from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
+from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.lacks import Checks, ImplLacks, NotFromImpl, require
+from impl import coordinator as icoord
+from impl import kv_cache_manager as ikvm
+
+KVCacheBlocks = ikvm.KVCacheBlocks
+
+
+def _block_copy(src_id: int, dst_id: int):
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+    return KVCacheBlockCopy(src_block_id=src_id, dst_block_id=dst_id)
+
+
+@register(ikvm.KVCacheManager)
+class KVCacheManager(Adapter):
+    def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False,
+                 num_prefill_lookahead=0, log_stats=False, enable_kv_cache_events=False,
+                 dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
+                 enable_mamba_shared_prefix_checkpoint=False):
+        with Checks() as checks:
+            checks.require(not use_eagle, F.EAGLE, "KVCacheManager(use_eagle=True)")
+            checks.require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
+                           f"num_prefill_lookahead={num_prefill_lookahead}")
+            checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
+            checks.require(not enable_mamba_shared_prefix_checkpoint, F.RETENTION,
+                           "enable_mamba_shared_prefix_checkpoint")
+            config = checks.run(convert.to_impl_config, kv_cache_config)
+        if watermark < 0:
+            raise AssertionError("watermark must be non-negative")
+        impl = ikvm.KVCacheManager(
+            config,
+            max_model_len,
+            hash_block_size,
+            convert.PROFILE,
+            enable_caching=enable_caching,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+            events_use_int_hashes=_pool.events_use_int_hashes(),
+            watermark=watermark,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            scheduler_block_size=scheduler_block_size,
+            max_in_flight_tokens=max_in_flight_tokens,
+        )
+        object.__setattr__(self, "_impl", impl)
+        # The test's own input, as vLLM keeps it (impl keeps its converted copy).
+        object.__setattr__(self, "kv_cache_config", kv_cache_config)
+        object.__setattr__(self, "use_eagle", use_eagle)
+
+    kv_cache_config = None
+    use_eagle = False
+
+    def get_computed_blocks(self, request):
+        blocks, num_hits = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION)
+
+    def get_computed_blocks_for_connector(self, request):
+        raise ImplLacks(F.CONNECTOR_LOOKUP)
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
+                       new_computed_blocks=None, num_lookahead_tokens=0,
+                       num_external_computed_tokens=0, delay_cache_blocks=False,
+                       num_encoder_tokens=0, full_sequence_must_fit=False,
+                       reserved_blocks=0, has_scheduled_reqs=True,
+                       skip_zeroing_group_ids=()):
+        require(not skip_zeroing_group_ids, F.ZEROING, "skip_zeroing_group_ids")
+        return unwrap(self).allocate_slots(
+            convert.to_impl_request(request), num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            new_computed_blocks=new_computed_blocks,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
+            reserved_blocks=reserved_blocks,
+            has_scheduled_reqs=has_scheduled_reqs,
+        )
+
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens,
+                              num_prompt_tokens=None):
+        # impl's manager has no such method; its coordinator's is the same call.
+        unwrap(self).coordinator.remove_skipped_blocks(
+            request_id, processed_computed_tokens, num_prompt_tokens)
+
+    def pop_blocks_for_free(self, request):
+        raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.pop_blocks_for_free")
+
+    def truncate_computed_blocks(self, blocks, num_computed_tokens):
+        raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.truncate_computed_blocks")
+
+    def take_new_block_ids(self):
+        raise ImplLacks(F.ZEROING, "KVCacheManager.take_new_block_ids")
+
+    def record_blocks_for_zeroing(self, request_id, start_token):
+        raise ImplLacks(F.ZEROING, "KVCacheManager.record_blocks_for_zeroing")
+
+    def take_boundary_state_offloads(self):
+        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.take_boundary_state_offloads")
+
+    def finalize_partial_tail_offloads(self, request):
+        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.finalize_partial_tail_offloads")
+
+    def take_kv_cache_block_copies(self):
+        copies, retained = unwrap(self).take_kv_cache_block_copies()
+        return [_block_copy(src, dst) for src, dst in copies], retained
+
+
+@register(icoord.KVCacheCoordinator)
+class KVCacheCoordinator(Adapter):
+    """The coordinator as tests read it through `manager.coordinator`."""
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        blocks, num_hits = unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        return blocks, num_hits, NotFromImpl("num_uncached_common_prefix_tokens", F.RETENTION)
+
+    def _no_retention(self, *_value):
+        raise ImplLacks(F.RETENTION, "coordinator.retention_interval")
+
+    retention_interval = property(_no_retention, _no_retention)
+
+    @property
+    def eagle_group_ids(self):
+        raise ImplLacks(F.EAGLE, "coordinator.eagle_group_ids")

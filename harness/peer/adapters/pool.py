@@ -1,0 +1,84 @@
+"""vLLM's BlockPool, BlockHashToBlockMap, FreeKVCacheBlockQueue and
+KVCacheBlock names over impl's."""
+
+from __future__ import annotations
+
+from harness.peer import convert
+from harness.peer import features as F
+from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.lacks import require
+from impl import block as iblock
+from impl import block_hash_map as imap
+from impl import block_pool as ipool
+from impl import free_queue as iqueue
+
+
+def events_use_int_hashes() -> bool:
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES setting, as impl's flag."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+
+
+@register(ipool.BlockPool)
+class BlockPool(Adapter):
+    def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
+                 enable_kv_cache_events=False, metrics_collector=None, medium="GPU"):
+        require(metrics_collector is None, F.METRICS_COLLECTOR, "BlockPool(metrics_collector=...)")
+        require(medium == "GPU", F.HISPARSE, f"BlockPool(medium={medium!r})")
+        object.__setattr__(self, "_impl", ipool.BlockPool(
+            num_gpu_blocks, enable_caching, hash_block_size, convert.PROFILE,
+            enable_kv_cache_events=enable_kv_cache_events,
+            events_use_int_hashes=events_use_int_hashes(),
+        ))
+
+
+@register(imap.BlockHashToBlockMap)
+class BlockHashToBlockMap(Adapter):
+    def __init__(self):
+        object.__setattr__(self, "_impl", imap.BlockHashToBlockMap())
+
+    def __len__(self) -> int:
+        return len(unwrap(self))
+
+
+@register(iqueue.FreeKVCacheBlockQueue)
+class FreeKVCacheBlockQueue(Adapter):
+    def __init__(self, blocks):
+        object.__setattr__(self, "_impl", iqueue.FreeKVCacheBlockQueue(list(blocks)))
+
+    def get_all_free_blocks(self):
+        # impl's queue iterates its free blocks head to tail: the same list.
+        return list(unwrap(self))
+
+    def __iter__(self):
+        return iter(unwrap(self))
+
+    # vLLM's names for the queue's two sentinel blocks.
+    @property
+    def fake_free_list_head(self):
+        return unwrap(self).head
+
+    @property
+    def fake_free_list_tail(self):
+        return unwrap(self).tail
+
+
+class _BlockMeta(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, iblock.KVCacheBlock)
+
+
+class KVCacheBlock(metaclass=_BlockMeta):  # noqa: D101
+    """Builds impl's KVCacheBlock from vLLM's constructor fields."""
+
+    def __new__(cls, block_id, ref_cnt=0, *, pool=None, is_null=False, **rest):
+        require(not rest, "KVCacheBlock fields", ", ".join(rest))
+        block = iblock.KVCacheBlock(block_id)
+        block.ref_cnt = ref_cnt
+        block.is_null = is_null
+        return block
+
+
+def wrap_pool(impl_pool):
+    return wrap(impl_pool)

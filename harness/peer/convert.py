@@ -1,0 +1,273 @@
+"""vLLM's objects to impl's and back: types and call conventions only.
+
+Every function here copies fields from one representation to the other; none
+decides an answer. A vLLM input with no impl counterpart (a spec field set to
+something impl cannot express, a group role, a config knob) raises ImplLacks
+naming the feature, so the test fails for that reason and no other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from harness.peer import features as F
+from harness.peer.lacks import Checks, ImplLacks, require
+from impl import kv_cache_spec as ispec
+from impl import kv_cache_sizing as isizing
+from impl import request as ireq
+from impl.profiles import get_profile
+
+PROFILE = get_profile("0.32")
+
+# -- specs --------------------------------------------------------------------------
+
+# Not checked: fields that only label a spec (mamba_type, model_version) and
+# max_tp_shards, which only vLLM's tensor-parallel replica
+# count reads (kv_cache_groups_tp_replicas, an API impl lacks: refused there).
+
+
+def _defaults_only(spec, fields: dict[str, str]) -> None:
+    """Raise ImplLacks(feature) for the fields in `fields` set to a
+    non-default value (impl has no counterpart for them), after checking all."""
+    with Checks() as checks:
+        for name, feature in fields.items():
+            checks.run(_default_only, spec, name, feature)
+
+
+def _default_only(spec, name: str, feature: str) -> None:
+    f = {f.name: f for f in dataclasses.fields(spec)}.get(name)
+    if f is None:
+        return
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    value = getattr(spec, name)
+    if value != default and not (name == "tokens_per_state" and value in (1, -1)):
+        raise ImplLacks(feature, f"{type(spec).__name__}.{name}={value!r}")
+
+
+_ATTENTION_UNSUPPORTED = {
+    "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
+    "kv_quant_mode": F.KV_QUANT,
+    "num_head_slots": F.HEAD_SLOTS,
+    "state_content_bytes": F.HEAD_SLOTS,
+    "tokens_per_state": F.HEAD_SLOTS,
+    "non_causal": F.NON_CAUSAL,
+}
+
+
+def _dtype_size(dtype) -> int:
+    return dtype.itemsize
+
+
+def to_impl_spec(spec):
+    """A vLLM KVCacheSpec as impl's spec (impl.kv_cache_spec)."""
+    from vllm.v1 import kv_cache_interface as v
+
+    if isinstance(spec, ispec.KVCacheSpec) or isinstance(spec, isizing.UniformTypeKVCacheSpecs):
+        return spec
+    name = type(spec).__name__
+    if name in ("HiSparseHotSpec", "HiSparseResidentSpec"):
+        raise ImplLacks(F.HISPARSE, name)
+    if name in ("CircularBufferSpec", "RSWASpec"):
+        raise ImplLacks(F.CIRCULAR_BUFFER, name)
+    if name == "HiddenStateCacheSpec":
+        raise ImplLacks(F.HIDDEN_STATE_CACHE, name)
+    if name == "EncoderOnlyAttentionSpec":
+        raise ImplLacks(F.ENCODER_ONLY, name)
+    if name == "SlidingWindowMLASpec":
+        raise ImplLacks(F.SPARSE_MLA, name)
+    if isinstance(spec, v.UniformTypeKVCacheSpecs):
+        return isizing.UniformTypeKVCacheSpecs(
+            spec.block_size,
+            {layer: to_impl_spec(s) for layer, s in spec.kv_cache_specs.items()},
+        )
+    if isinstance(spec, v.MambaSpec):
+        _defaults_only(spec, {
+            "num_prefill_checkpoint_blocks": F.MAMBA_CHECKPOINTS,
+            "prefill_checkpoint_alignment": F.MAMBA_CHECKPOINTS,
+            "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
+            "num_heads": F.MAMBA_TP_REPLICATED,
+            "tokens_per_state": F.MAMBA_TP_REPLICATED,
+            "tp_replicated": F.MAMBA_TP_REPLICATED,
+        })
+        return ispec.MambaSpec(
+            block_size=spec.block_size,
+            shapes=tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,)
+                         for s in spec.shapes),
+            dtype_sizes=tuple(_dtype_size(d) for d in spec.dtypes),
+            page_size_padded=spec.page_size_padded,
+            mamba_cache_mode=spec.mamba_cache_mode,
+            num_speculative_blocks=spec.num_speculative_blocks,
+        )
+    if not isinstance(spec, v.AttentionSpec):
+        raise ImplLacks("KV cache spec kind", name)
+    with Checks() as checks:
+        checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
+        checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
+    common = dict(
+        block_size=spec.block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
+        dtype_size=_dtype_size(spec.dtype),
+        page_size_padded=spec.page_size_padded,
+    )
+    if isinstance(spec, v.MLAAttentionSpec):
+        # cache_dtype_str: the MLA cache format; vLLM never groups layers of
+        # different formats together, impl has no such field.
+        _defaults_only(spec, {"cache_role": F.SPARSE_MLA, "is_index_group_leader": F.SPARSE_MLA,
+                              "non_causal_multi_token_decode": F.SPARSE_MLA,
+                              "cache_dtype_str": F.MLA_CACHE_DTYPE})
+        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
+        return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
+                                      attention_chunk_size=spec.attention_chunk_size)
+    # impl writes "V head as wide as K" as None; vLLM fills the number in.
+    common["head_size_v"] = None if spec.head_size_v == spec.head_size else spec.head_size_v
+    if isinstance(spec, v.SinkFullAttentionSpec):
+        return ispec.SinkFullAttentionSpec(**common, sliding_window=spec.sliding_window,
+                                           attention_chunk_size=spec.attention_chunk_size,
+                                           sink_len=spec.sink_len)
+    if isinstance(spec, v.FullAttentionSpec):
+        return ispec.FullAttentionSpec(**common, sliding_window=spec.sliding_window,
+                                       attention_chunk_size=spec.attention_chunk_size)
+    if isinstance(spec, v.SlidingWindowSpec):
+        return ispec.SlidingWindowSpec(**common, sliding_window=spec.sliding_window,
+                                       extra_retained_tokens=spec.extra_retained_tokens)
+    if isinstance(spec, v.ChunkedLocalAttentionSpec):
+        return ispec.ChunkedLocalAttentionSpec(**common,
+                                               attention_chunk_size=spec.attention_chunk_size)
+    if isinstance(spec, v.CrossAttentionSpec):
+        return ispec.CrossAttentionSpec(**common)
+    raise ImplLacks("KV cache spec kind", name)
+
+
+def to_impl_group(group):
+    from vllm.v1.kv_cache_interface import KVCacheGroupRole
+
+    with Checks() as checks:
+        checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
+        checks.require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
+                       F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
+        checks.require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
+        spec = checks.run(to_impl_spec, group.kv_cache_spec)
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec)
+
+
+def to_impl_config(config) -> ispec.KVCacheConfig:
+    """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
+    plan is the sizing's output, not the manager's input)."""
+    with Checks() as checks:
+        checks.require(config.prefix_cache_retention_interval is None, F.RETENTION,
+                       f"prefix_cache_retention_interval={config.prefix_cache_retention_interval}")
+        checks.require(config.hisparse_host_num_blocks is None, F.HISPARSE,
+                       "hisparse_host_num_blocks")
+        checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
+        checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
+                       f"kv_tp_replicas={config.kv_tp_replicas}")
+        groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
+    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
+
+
+def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:
+    return {layer: to_impl_spec(s) for layer, s in specs.items()}
+
+
+# -- requests -------------------------------------------------------------------------
+
+_STATUS = {s.name: s for s in ireq.RequestStatus}
+
+
+def _lora(request) -> ireq.LoRA | None:
+    lora = request.lora_request
+    if not lora:
+        return None
+    return ireq.LoRA(name=lora.lora_name, int_id=lora.lora_int_id, path=lora.lora_path or "")
+
+
+def _mm_features(request) -> tuple[ireq.MMFeature, ...]:
+    out = []
+    for f in request.mm_features or ():
+        pos = f.mm_position
+        out.append(ireq.MMFeature(identifier=f.identifier, offset=pos.offset, length=pos.length))
+    return tuple(out)
+
+
+def _embeds(request) -> tuple[bytes | None, int]:
+    import torch
+
+    embeds = request.prompt_embeds
+    if embeds is None:
+        return None, 0
+    flat = embeds.detach().contiguous().cpu()
+    row = flat[0].numel() * flat.element_size() if flat.shape[0] else 0
+    return flat.view(torch.uint8).numpy().tobytes(), row
+
+
+def to_impl_request(request) -> ireq.Request:
+    """The impl Request mirroring a vLLM Request now. One impl Request per
+    vLLM Request (impl caches per-request state on it, e.g. embeds digests);
+    its fields are refreshed from the vLLM request on every call, and the
+    block hash list is the vLLM request's own list object."""
+    if isinstance(request, ireq.Request):
+        return request
+    mirror = getattr(request, "_kvconform_impl_request", None)
+    # vLLM's Request calls its block hasher from its constructor, before it
+    # has set its scheduling fields: those are copied once they exist.
+    vstatus = getattr(request, "status", None)
+    status = _STATUS.get(vstatus.name) if vstatus is not None else ireq.RequestStatus.WAITING
+    if status is None:
+        raise ImplLacks("request status", vstatus.name)
+    require(getattr(request, "kv_cache_report_mode", "incremental") != "full",
+            F.REPORT_MODE_FULL)
+    require(not getattr(request, "shared_prefix_boundary", 0), F.RETENTION,
+            "Request.shared_prefix_boundary")
+    if mirror is None:
+        embeds, row = _embeds(request)
+        mirror = ireq.Request(
+            request_id=request.request_id,
+            all_token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            prompt_embeds=embeds,
+            embeds_row_bytes=row,
+        )
+        request._kvconform_impl_request = mirror
+    mirror.request_id = request.request_id
+    mirror.all_token_ids = list(request.all_token_ids)
+    mirror.num_prompt_tokens = request.num_prompt_tokens
+    mirror.lora = _lora(request)
+    mirror.cache_salt = request.cache_salt
+    mirror.mm_features = _mm_features(request)
+    mirror.skip_reading_prefix_cache = getattr(request, "skip_reading_prefix_cache", False)
+    mirror.session_id = getattr(request, "session_id", None)
+    mirror.num_computed_tokens = getattr(request, "num_computed_tokens", 0)
+    mirror.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
+    mirror.num_preemptions = getattr(request, "num_preemptions", 0)
+    mirror.status = status
+    mirror.block_hashes = request.block_hashes
+    return mirror
+
+
+def is_vllm_request(obj) -> bool:
+    return type(obj).__name__ == "Request" and type(obj).__module__ == "vllm.v1.request"
+
+
+# -- events ---------------------------------------------------------------------------
+
+
+def to_vllm_event(event):
+    """impl's KV event as vLLM's event struct (the same fields)."""
+    from vllm.distributed import kv_events as v
+
+    from impl import kv_events as e
+
+    if isinstance(event, e.BlockStored):
+        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        return v.BlockStored(**{k: val for k, val in fields.items()
+                                if k in v.BlockStored.__struct_fields__})
+    if isinstance(event, e.BlockRemoved):
+        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        return v.BlockRemoved(**{k: val for k, val in fields.items()
+                                 if k in v.BlockRemoved.__struct_fields__})
+    if isinstance(event, e.AllBlocksCleared):
+        return v.AllBlocksCleared()
+    return event

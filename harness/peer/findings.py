@@ -1,0 +1,44 @@
+"""Test-by-test findings for impl failures no adapter can name by itself
+(an assertion that differs), each after reading the test and impl.
+
+A key is a test name (with or without its parameters); the verdict is
+FAILED with a feature impl lacks, FAILED with a divergence to fix, or
+NOT_APPLICABLE with the vLLM-only thing the test asserts on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    verdict: str
+    reason: str
+    feature: str | None = None
+
+
+_NA, _FAIL = "not_applicable", "failed"
+
+FINDINGS: dict[str, Finding] = {
+    "test_generate_block_hash_extra_keys_prompt_embeds_cached": Finding(
+        _NA, "counts calls of vLLM's tensor_data helper (monkeypatched on vLLM's module)"),
+    "test_block_stored_event_group_idx_out_of_bounds": Finding(
+        _NA, "asserts on the warning vLLM's logger prints"),
+    "test_free_kv_cache_block_queue_append_n": Finding(
+        _FAIL, "divergence: append_n onto a queue whose tail link was cut raises "
+               "AttributeError in impl; vLLM raises an AssertionError naming the broken link"),
+    "test_merge_kv_cache_spec": Finding(
+        _FAIL, "divergence: merging specs that cannot share a group raises MergeError (a "
+               "ValueError) in impl for every mismatch; vLLM raises AssertionError for "
+               "mismatched specs and ValueError only for mismatched windows"),
+    "test_resolve_block_hashes_rejects_mismatched_view": Finding(
+        _FAIL, "divergence: resolve_block_hashes returns a view built at another block "
+               "size unchanged; vLLM refuses it (AssertionError)"),
+}
+
+
+def lookup(test_name: str) -> Finding | None:
+    if test_name in FINDINGS:
+        return FINDINGS[test_name]
+    return FINDINGS.get(test_name.split("[", 1)[0])

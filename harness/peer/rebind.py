@@ -1,0 +1,151 @@
+"""Swap impl in, inside vLLM's test modules only.
+
+For each test module (and the helper modules under tests/ it imports), every
+global that *is* one of the vLLM objects in `table()` is replaced by its
+adapter, and every global that is one of vLLM's KV-cache modules (imported as
+`import vllm.v1.core.kv_cache_utils as kv_cache_utils`) by a proxy module
+that serves the adapters for those names and vLLM's module for the rest.
+vLLM itself is left alone: its own modules keep calling vLLM.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+_table: dict[int, tuple[object, object]] | None = None
+_proxies: dict[str, types.ModuleType] = {}
+
+
+def _entries():
+    import vllm.utils.hashing as vh
+    import vllm.v1.core.block_pool as vbp
+    import vllm.v1.core.kv_cache_manager as vkm
+    import vllm.v1.core.kv_cache_utils as vku
+    import vllm.v1.core.single_type_kv_cache_manager as vst
+
+    from harness.peer.adapters import hashing, manager, pool, single_type, sizing
+
+    pairs = [
+        (vkm.KVCacheManager, manager.KVCacheManager),
+        (vkm.KVCacheBlocks, manager.KVCacheBlocks),
+        (vbp.BlockPool, pool.BlockPool),
+        (vbp.BlockHashToBlockMap, pool.BlockHashToBlockMap),
+        (vku.FreeKVCacheBlockQueue, pool.FreeKVCacheBlockQueue),
+        (vku.KVCacheBlock, pool.KVCacheBlock),
+        (vst.get_manager_for_kv_cache_spec, single_type.get_manager_for_kv_cache_spec),
+    ]
+    for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
+                 "SlidingWindowManager", "ChunkedLocalAttentionManager", "MambaManager",
+                 "CrossAttentionManager", "CircularBufferManager", "RSWAManager"):
+        pairs.append((getattr(vst, name), getattr(single_type, name)))
+    for name in hashing.ALGORITHMS:
+        pairs.append((getattr(vh, name), getattr(hashing, name)))
+    for name in ("init_none_hash", "get_request_block_hasher", "hash_block_tokens",
+                 "generate_block_hash_extra_keys", "to_event_extra_keys",
+                 "make_block_hash_with_group_id", "get_block_hash", "get_group_id",
+                 "BlockHashListWithBlockSize", "resolve_block_hashes",
+                 "maybe_convert_block_hash"):
+        pairs.append((getattr(vku, name), getattr(hashing, name)))
+    for name in sizing.REBOUND:
+        pairs.append((getattr(vku, name), getattr(sizing, name)))
+    pairs.extend(sizing.spec_classes())
+    import vllm.v1.kv_cache_interface as vki
+
+    for name in sizing.INTERFACE_REBOUND:
+        pairs.append((getattr(vki, name), getattr(sizing, name)))
+    return pairs
+
+
+def table() -> dict[int, tuple[object, object]]:
+    """id(vLLM object) -> (vLLM object, adapter)."""
+    global _table
+    if _table is None:
+        _table = {id(v): (v, a) for v, a in _entries()}
+    return _table
+
+
+class _ProxyModule(types.ModuleType):
+    """A vLLM module as a test sees it: rebound names from the adapters,
+    everything else from vLLM's module."""
+
+    def __init__(self, real: types.ModuleType, overrides: dict[str, object]) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self.__dict__["_kvconform_real"] = real
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str):
+        if name == "NONE_HASH":
+            from harness.peer.adapters import hashing
+
+            return hashing.none_hash()
+        return getattr(self.__dict__["_kvconform_real"], name)
+
+
+_PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
+            "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
+            "vllm.utils.hashing", "vllm.v1.kv_cache_interface")
+
+
+def proxy(module: types.ModuleType) -> types.ModuleType:
+    if module.__name__ not in _proxies:
+        entries = table()
+        overrides = {}
+        for name, value in vars(module).items():
+            hit = entries.get(id(value))
+            if hit is not None and hit[0] is value:
+                overrides[name] = hit[1]
+        _proxies[module.__name__] = _ProxyModule(module, overrides)
+    return _proxies[module.__name__]
+
+
+def rebind_module(module: types.ModuleType) -> int:
+    """Rebind one test module's globals; returns how many were replaced."""
+    if getattr(module, "__kvconform_rebound__", False):
+        return 0
+    entries = table()
+    n = 0
+    for name, value in list(vars(module).items()):
+        hit = entries.get(id(value))
+        if hit is not None and hit[0] is value:
+            setattr(module, name, hit[1])
+            n += 1
+        elif isinstance(value, types.ModuleType) and value.__name__ in _PROXIED:
+            setattr(module, name, proxy(value))
+            n += 1
+    module.__kvconform_rebound__ = True
+    return n
+
+
+def rebind_test_modules(prefix: str = "tests.") -> None:
+    """Every loaded module under vLLM's tests/ package."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name.startswith(prefix) or name.startswith("test_")):
+            rebind_module(module)
+
+
+_real_import = None
+
+
+def _is_test_module(globals_) -> bool:
+    name = (globals_ or {}).get("__name__", "") or ""
+    return name.startswith("tests.") or name.startswith("test_")
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    module = _real_import(name, globals, locals, fromlist, level)
+    if fromlist and level == 0 and name in _PROXIED and _is_test_module(globals):
+        return proxy(module)
+    return module
+
+
+def install_import_hook() -> None:
+    """`from vllm.v1.core.X import Y` executed inside a test function (not at
+    module level) gets the adapter too: imports made by code of vLLM's test
+    modules see the proxy modules; every other importer sees vLLM."""
+    global _real_import
+    import builtins
+
+    if _real_import is None:
+        _real_import = builtins.__import__
+        builtins.__import__ = _import

@@ -1,0 +1,51 @@
+"""Which of vLLM's test files `kvconform peer` runs, and why.
+
+All are under the sdist's tests/v1/core. The issue's five files are the KV
+cache manager's unit tests; the extras also drive vLLM's KV cache classes
+directly (not through the Scheduler or an engine). The files left out, with
+the reason, are listed for the report.
+"""
+
+from __future__ import annotations
+
+CORE = "tests/v1/core"
+
+REQUIRED = (
+    "test_prefix_caching.py",
+    "test_kv_cache_utils.py",
+    "test_single_type_kv_cache_manager.py",
+    "prefix_cache/test_partial_prefix_cache_hits.py",
+    "prefix_cache/test_partial_prefix_cache_primitives.py",
+)
+
+EXTRA = {
+    "test_mamba_align_chunk_split.py":
+        "builds KVCacheManager over Mamba 'align' groups directly (some tests use the Scheduler)",
+    "test_kv_cache_metrics.py": "vLLM's block residency metrics collector over KVCacheBlocks "
+                                "(not applicable on impl: the collector is vLLM's)",
+}
+
+LEFT_OUT = {
+    "test_scheduler.py": "the Scheduler, which builds vLLM's own KVCacheManager",
+    "test_async_scheduler.py": "the Scheduler (async scheduling)",
+    "test_deferred_block_free.py": "the Scheduler's deferred frees; the KV cache part is "
+                                   "covered by test_prefix_caching's pop_blocks_for_free tests",
+    "test_swa_inflight_window_free.py": "the Scheduler",
+    "test_prefix_replay.py": "the Scheduler",
+    "test_worker_slot_overflow.py": "the Scheduler",
+    "test_priority_preemption_bug.py": "the Scheduler",
+    "test_priority_scheduler_random.py": "the Scheduler",
+    "prefix_cache/test_mamba_eagle_resume_checkpoint.py": "the Scheduler",
+    "test_contiguous_kv_packing.py": "the worker's KV tensor allocation (allocate_kv_cache)",
+    "test_kv_sharing.py": "the worker's KV sharing helper",
+    "test_encoder_cache_manager.py": "the encoder cache, not the KV cache",
+    "test_output.py": "scheduler output types",
+    "test_repetition_detection.py": "sampling",
+    "test_reset_prefix_cache_e2e.py": "a real engine (model weights)",
+    "test_scheduler_e2e.py": "a real engine (model weights)",
+    "prefix_cache/test_hybrid_prefix_cache_hit_rate.py": "a real engine (model weights)",
+}
+
+
+def test_paths() -> list[str]:
+    return [f"{CORE}/{name}" for name in (*REQUIRED, *EXTRA)]

@@ -1,0 +1,44 @@
+"""vLLM inputs to impl's: fields copied, features impl lacks refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def test_attention_spec_fields_are_copied():
+    import torch
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from harness.peer import convert
+    from impl import kv_cache_spec as ispec
+
+    spec = convert.to_impl_spec(SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64,
+                                                  dtype=torch.bfloat16, sliding_window=128))
+    assert spec == ispec.SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64,
+                                           dtype_size=2, sliding_window=128)
+
+
+def test_a_spec_field_impl_cannot_express_raises_the_feature():
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from harness.peer import convert
+    from harness.peer.lacks import ImplLacks
+
+    spec = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,),
+                     mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
+    with pytest.raises(ImplLacks, match="Mamba prefill checkpoints"):
+        convert.to_impl_spec(spec)
+
+
+def test_not_from_impl_refuses_every_use():
+    from harness.peer.lacks import ImplLacks, NotFromImpl, take_seen
+
+    value = NotFromImpl("shared_prefix_boundary", "retention")
+    _blocks, _n, unused = ("b", 1, value)  # unpacking is fine
+    assert unused is value
+    with pytest.raises(ImplLacks):
+        assert value == 0
+    assert ("retention", "the test reads shared_prefix_boundary") in take_seen()
