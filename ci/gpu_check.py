@@ -281,9 +281,8 @@ def check_attention_pair(c: Checker, shape: Shape, dtype, kv: str, vllm_attn) ->
                         allowed(ref, dtype, path, kv_cache_dtype=kv))
         row.max_abs, row.worst_ratio = s.max_abs, s.worst_ratio
         row.result = "ok" if s.ok else ("FAIL" if name == "impl" else "FAIL (vLLM's)")
-        row.ms = timed_ms(lambda: call(out), c.device)
+        row.ms = timed_ms(lambda call=call, out=out: call(out), c.device)
         c.add(row, nbytes, flops)
-    del p, ref
 
 
 def check_reshape_pair(c: Checker, tokens: int, dtype, kv: str, vllm_reshape) -> None:
@@ -330,7 +329,7 @@ def check_reshape_pair(c: Checker, tokens: int, dtype, kv: str, vllm_reshape) ->
         row = Row(name, "reshape_and_cache", f"{tokens} tokens, {heads}x{head}, bs{bs}",
                   kv_label, max_abs=diff, worst_ratio=None)
         row.result = "ok" if diff <= step else ("FAIL" if name == "impl" else "FAIL (vLLM's)")
-        row.ms = timed_ms(lambda: calls[name](cache), c.device)
+        row.ms = timed_ms(lambda f=calls[name], cache=cache: f(cache), c.device)
         c.add(row, moved)
 
 

@@ -270,7 +270,8 @@ class VllmBackend(Backend):
             prompt = None
         if ev.session_id is not None:
             if not self.api.request_takes_session_id:
-                raise BackendError(f"vLLM {self._release} requests have no session_id", "session_id")
+                raise BackendError(f"vLLM {self._release} requests have no session_id",
+                                   "session_id")
             kwargs["session_id"] = ev.session_id
         params = self._SamplingParams(
             max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache

@@ -270,7 +270,6 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
                 writer.close()
                 if tensors is not None:
                     from harness.capture.header import model_shape_of
-
                     from harness.capture.seeded_weights import describe
 
                     shape = asdict(model_shape_of(llm.llm_engine.vllm_config))

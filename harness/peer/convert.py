@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 from harness.peer import features as F
 from harness.peer.lacks import Checks, ImplLacks, require
-from impl import kv_cache_spec as ispec
 from impl import kv_cache_sizing as isizing
+from impl import kv_cache_spec as ispec
 from impl import request as ireq
 from impl.profiles import get_profile
 

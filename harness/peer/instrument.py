@@ -95,7 +95,8 @@ def install_vllm() -> None:
                 if not issubclass(attr, enum.Enum):
                     _wrap_vllm_class(attr)
             elif inspect.isfunction(attr):
-                setattr(module, name, _counted_vllm(attr, f"{module_name.rsplit('.', 1)[1]}.{name}"))
+                short = module_name.rsplit('.', 1)[1]
+                setattr(module, name, _counted_vllm(attr, f"{short}.{name}"))
     _vllm_installed[0] = True
 
 

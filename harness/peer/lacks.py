@@ -55,7 +55,7 @@ class Checks:
     def __init__(self) -> None:
         self.first: ImplLacks | None = None
 
-    def __enter__(self) -> "Checks":
+    def __enter__(self) -> Checks:
         return self
 
     def run(self, fn, *args, **kwargs):

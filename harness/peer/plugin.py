@@ -59,7 +59,8 @@ def _exception_summary(excinfo) -> dict:
     from harness.peer.lacks import ImplLacks, MissingImplAPI
 
     exc = excinfo.value
-    out = {"exc_type": type(exc).__name__, "message": str(exc).splitlines()[0][:300] if str(exc) else ""}
+    first = str(exc).splitlines()[0][:300] if str(exc) else ""
+    out = {"exc_type": type(exc).__name__, "message": first}
     # The ImplLacks behind the failure, if any (possibly chained).
     seen = set()
     cur = exc

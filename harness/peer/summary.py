@@ -80,7 +80,8 @@ def markdown(summary: dict, verdicts: list[Verdict], seconds: float | None = Non
         lines += [f"### `{f}`", "", "| test | impl | reason |", "|---|---|---|"]
         for v in rows:
             name = v.nodeid.split("::", 1)[1].replace("|", "\\|")
-            lines.append(f"| `{name}` | {v.impl.replace('_', ' ')} | {v.reason.replace('|', '/')} |")
+            impl, reason = v.impl.replace('_', ' '), v.reason.replace('|', '/')
+            lines.append(f"| `{name}` | {impl} | {reason} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -103,7 +104,8 @@ def gaps_markdown(verdicts: list[Verdict]) -> str:
                 alone[v.needs[0]] += 1
     for feature, vs in sorted(by_feature.items(), key=lambda kv: -len(kv[1])):
         names = sorted({v.nodeid.split("::", 1)[1].split("[", 1)[0] for v in vs})
-        shown = ", ".join(f"`{n}`" for n in names[:4]) + (f" (+{len(names) - 4})" if len(names) > 4 else "")
+        more = f" (+{len(names) - 4})" if len(names) > 4 else ""
+        shown = ", ".join(f"`{n}`" for n in names[:4]) + more
         lines.append(f"| {feature} | {len(vs)} | {need[feature]} | {alone[feature]} | {shown} |")
     other = [v for v in verdicts if v.impl == FAILED and not v.feature]
     lines += ["", f"Failing for another reason (a divergence or unclassified): {len(other)}", ""]

@@ -83,7 +83,7 @@ def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfil
     except UnsupportedVersion as e:
         if any_version:
             return None
-        raise TraceError(path, line, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+        raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
 
 
 def _decode_line(path: str, line_no: int, raw: bytes) -> object:

@@ -32,7 +32,6 @@ from impl.kernels import triton_mode
 from impl.kernels.rounding import cast_rounded
 
 
-
 @triton.jit
 def _find_seq(pid, cu_seqlens_q_ptr, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence owning query tile `pid`: sequence s owns the tiles from

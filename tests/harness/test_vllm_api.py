@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.backends.vllm_api import SHAPES, VllmApi, api_for
-from harness.vllm_overlay import ensure, read_info, overlay_path
+from harness.vllm_overlay import ensure, overlay_path, read_info
 from harness.vllm_releases import RELEASES, UnknownRelease
 from impl.profiles import StatsRecordedAt, get_profile
 

@@ -12,7 +12,7 @@ from harness.peer.lacks import MissingImplAPI
 # impl class -> adapter class (filled by the adapter modules).
 ADAPTER_FOR: dict[type, type] = {}
 # id(impl object) -> its adapter, so one impl object has one adapter.
-_adapters: dict[int, "Adapter"] = {}
+_adapters: dict[int, Adapter] = {}
 
 
 def register(impl_cls: type):

@@ -5,13 +5,19 @@ from __future__ import annotations
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap, wrap
+from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
 from harness.peer.lacks import ImplLacks, MissingImplAPI, require
 from impl import kv_cache_sizing as isizing
 from impl import managers as imanagers
 from impl.managers import base as ibase
-from impl.managers import chunked_local, cross_attention, full_attention, mamba
-from impl.managers import sink_full_attention, sliding_window
+from impl.managers import (
+    chunked_local,
+    cross_attention,
+    full_attention,
+    mamba,
+    sink_full_attention,
+    sliding_window,
+)
 
 
 class _Manager(Adapter):
