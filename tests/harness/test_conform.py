@@ -14,14 +14,21 @@ def test_workload_conforms():
 
 
 def test_a_wrong_free_order_in_impl_is_caught(monkeypatch):
-    import impl.block_pool
+    import dataclasses
 
-    # Inject a fault: impl frees like 0.17 while vLLM is 0.32.
+    import impl.block_pool
+    from impl.profiles import FreeOrder, VersionProfile
+
+    # Inject a fault: impl's pool frees like 0.17 while vLLM is 0.32.
     real_init = impl.block_pool.BlockPool.__init__
 
+    def as_017(value):
+        if isinstance(value, VersionProfile):
+            return dataclasses.replace(value, free_order=FreeOrder.APPEND_ALL)
+        return value
+
     def faulty_init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        self._unhashed_first = False
+        real_init(self, *map(as_017, args), **{k: as_017(v) for k, v in kwargs.items()})
 
     monkeypatch.setattr(impl.block_pool.BlockPool, "__init__", faulty_init)
     result = run_workload(WORKLOADS[0], PROFILES["0.32"])
