@@ -29,7 +29,7 @@ def check_invariants(manager: KVCacheManager) -> None:
     # num_free_blocks, and no block appears twice.
     in_queue: set[int] = set()
     add = in_queue.add
-    prev, block, tail = queue.head, queue.head.next_free_block, queue.tail
+    prev, block, tail = queue.fake_free_list_head, queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail
     n = 0
     while block is not tail:
         if block is None:

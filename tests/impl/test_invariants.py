@@ -58,7 +58,7 @@ def test_hash_map_pointing_at_a_block_without_that_hash():
 def test_broken_free_queue_link():
     m, _ = manager_with_two_requests()
     q = m.block_pool.free_block_queue
-    q.head.next_free_block.prev_free_block = None
+    q.fake_free_list_head.next_free_block.prev_free_block = None
     with pytest.raises(InvariantViolation, match="back-link"):
         check_invariants(m)
 
