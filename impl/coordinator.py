@@ -54,8 +54,8 @@ class KVCacheCoordinator:
             kv_cache_config.num_blocks,
             enable_caching,
             hash_block_size,
-            profile,
-            enable_kv_cache_events=enable_kv_cache_events,
+            enable_kv_cache_events,
+            profile=profile,
             events_use_int_hashes=events_use_int_hashes,
         )
         groups = kv_cache_config.kv_cache_groups
