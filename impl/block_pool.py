@@ -12,6 +12,7 @@ with hits inside blocks); such extra keys are listed per block in
 """
 
 from collections.abc import Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass
 
 from impl.block import KVCacheBlock
 from impl.block_hash_map import BlockHashToBlockMap
@@ -22,37 +23,33 @@ from impl.profiles import FreeOrder, VersionProfile
 from impl.request import Request
 
 
+@dataclass(eq=False)
 class BlockPool:
-    def __init__(
-        self,
-        num_gpu_blocks: int,
-        enable_caching: bool,
-        hash_block_size: int,
-        enable_kv_cache_events: bool = False,
-        *,
-        profile: VersionProfile,
-        events_use_int_hashes: bool = True,
-    ) -> None:
-        if num_gpu_blocks < 1:
-            raise ValueError(f"a pool needs at least its null block; got {num_gpu_blocks} blocks")
-        self.num_gpu_blocks = num_gpu_blocks
-        self.enable_caching = enable_caching
-        self.hash_block_size = hash_block_size
-        self.profile = profile
-        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+    num_gpu_blocks: int
+    enable_caching: bool
+    hash_block_size: int
+    enable_kv_cache_events: bool = False
+    _: KW_ONLY
+    profile: VersionProfile
+    # KV events carry 64-bit int hashes (vLLM's default) or the raw bytes.
+    events_use_int_hashes: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_gpu_blocks < 1:
+            raise ValueError(f"a pool needs at least its null block; got {self.num_gpu_blocks}")
+        self.blocks = [KVCacheBlock(i) for i in range(self.num_gpu_blocks)]
+        queue = self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
         # Block 0 pads block tables where a request skips a block; it is
         # never handed out, released or keyed.
-        self.null_block = self.free_block_queue.popleft()
-        self.null_block.is_null = True
-        self.enable_kv_cache_events = enable_kv_cache_events
+        null = self.null_block = queue.popleft()
+        null.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
-        self._events = (KVEventBuilder(profile, events_use_int_hashes)
-                        if enable_kv_cache_events else None)
+        self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes)
+                        if self.enable_kv_cache_events else None)
         # 0.32 reuses released unkeyed blocks first (they can never be hit).
-        self._unkeyed_to_front = profile.free_order is FreeOrder.UNHASHED_FIRST
+        self._unkeyed_to_front = self.profile.free_order is FreeOrder.UNHASHED_FIRST
 
     # -- keys -----------------------------------------------------------------
 

@@ -126,7 +126,7 @@ def _holders(manager: KVCacheManager) -> dict[str, list[int]]:
             out[f"{group.kv_cache_group_id}/{req}"] = [
                 b.block_id for b in blocks if not b.is_null
             ]
-        for i, (src, dst) in enumerate(group._pending_cow_copies):
+        for i, (src, dst) in enumerate(group._copies):
             out[f"{group.kv_cache_group_id}/{_COPY}{i}"] = [src.block_id, dst.block_id]
     return out
 
