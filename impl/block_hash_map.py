@@ -15,10 +15,12 @@ from impl.block import KVCacheBlock
 
 class BlockHashToBlockMap:
     # `_cache` keeps the name vLLM's own tests reach into.
-    __slots__ = ("_cache",)
+    __slots__ = ("_cache", "_entries")
 
     def __init__(self) -> None:
         self._cache: dict = {}
+        # (key, block) entries, kept so that a checker need not count them.
+        self._entries = 0
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
         found = self._cache.get(key)
@@ -42,9 +44,15 @@ class BlockHashToBlockMap:
         if found is None:
             store[key] = block
         elif type(found) is KVCacheBlock:
+            if found is block:
+                return
             store[key] = {found.block_id: found, block.block_id: block}
+        elif block.block_id in found:
+            found[block.block_id] = block
+            return
         else:
             found[block.block_id] = block
+        self._entries += 1
 
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
         """Take block `block_id` out from under `key`; None when it is not
@@ -57,10 +65,13 @@ class BlockHashToBlockMap:
             if found.block_id != block_id:
                 return None
             del store[key]
+            self._entries -= 1
             return found
         block = found.pop(block_id, None)
         if not found:
             del store[key]
+        if block is not None:
+            self._entries -= 1
         return block
 
     def items(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
@@ -71,6 +82,9 @@ class BlockHashToBlockMap:
             else:
                 for block in found.values():
                     yield key, block
+
+    def num_entries(self) -> int:
+        return self._entries
 
     def __len__(self) -> int:
         """The number of keys (vLLM's meaning), not of entries."""
