@@ -12,6 +12,7 @@ from impl.coordinator import get_kv_cache_coordinator
 from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.full_attention import FullAttentionManager
+from impl.math_utils import cdiv
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
@@ -214,7 +215,7 @@ class KVCacheManager:
         if slots > limit:
             slots = limit
         table = manager.req_to_blocks[request.request_id]
-        missing = -(-slots // manager.block_size) - len(table)
+        missing = cdiv(slots, manager.block_size) - len(table)
         pool = self.block_pool
         if missing > 0:
             if missing > pool.free_block_queue.num_free_blocks - reserved_blocks:

@@ -9,7 +9,8 @@ from impl.kv_cache_spec import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from impl.managers.base import SingleTypeKVCacheManager, cdiv
+from impl.managers.base import SingleTypeKVCacheManager
+from impl.math_utils import cdiv
 from impl.managers.chunked_local import ChunkedLocalAttentionManager
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager

@@ -15,16 +15,13 @@ from typing import ClassVar
 from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec
+from impl.math_utils import cdiv
 from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.request import Request
 
 BlockTable = list[KVCacheBlock]
 # One list of hit blocks per group looked up together, and the hit's length.
 HitResult = tuple[tuple[BlockTable, ...], int]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,

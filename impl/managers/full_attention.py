@@ -17,7 +17,8 @@ from impl.block_hash_view import (
 )
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager, cdiv, effective_block_size
+from impl.managers.base import HitResult, SingleTypeKVCacheManager, effective_block_size
+from impl.math_utils import cdiv
 from impl.request import Request
 
 

@@ -28,7 +28,8 @@ from impl.block import KVCacheBlock
 from impl.block_hash_view import fine_grained_lookup, resolve_block_hashes
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, MambaSpec
-from impl.managers.base import BlockTable, HitResult, SingleTypeKVCacheManager, cdiv
+from impl.managers.base import BlockTable, HitResult, SingleTypeKVCacheManager
+from impl.math_utils import cdiv
 from impl.request import Request
 
 

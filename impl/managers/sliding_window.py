@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from impl.block_hash_view import resolve_block_hashes
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager, cdiv
+from impl.managers.base import HitResult, SingleTypeKVCacheManager
+from impl.math_utils import cdiv
 
 
 def blocks_before_hit_end(window: int, block_size: int) -> int:
