@@ -10,7 +10,7 @@ import hashlib
 import os
 import pickle
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cbor2
@@ -216,10 +216,10 @@ class RequestBlockHasher:
             begin = stop
         return fresh
 
-    def update(self, request: Request) -> list:
+    def update(self, request: Request) -> Sequence:
         """Hash what is newly full, extend the request's list, return the new ones."""
         if (len(request.block_hashes) + 1) * self.hash_block_size > len(request.all_token_ids):
-            return []
+            return ()
         fresh = self(request)
         request.block_hashes.extend(fresh)
         return fresh

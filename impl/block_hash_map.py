@@ -30,6 +30,22 @@ class BlockHashToBlockMap:
             return block
         return None
 
+    def prefix_run(self, block_hashes, suffix: bytes) -> list[KVCacheBlock]:
+        """For the hashes in order (each + suffix), the block get_one_block
+        would give, up to the first key with none: the cached prefix of a
+        chain of hashes. (The loop of every plain prefix lookup, kept here so
+        it reads the storage directly.)"""
+        store = self._cache
+        run = []
+        for block_hash in block_hashes:
+            found = store.get(block_hash + suffix)
+            if found is None:
+                break
+            if type(found) is not KVCacheBlock:
+                found = next(iter(found.values()))
+            run.append(found)
+        return run
+
     def contain(self, key: bytes, block_id: int) -> bool:
         found = self._cache.get(key)
         if found is None:

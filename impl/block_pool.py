@@ -48,8 +48,11 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes)
                         if self.enable_kv_cache_events else None)
-        # 0.32 reuses released unkeyed blocks first (they can never be hit).
-        self._unkeyed_to_front = self.profile.free_order is FreeOrder.UNHASHED_FIRST
+        # Where released blocks go: all to the back (0.17: None); 0.32 puts
+        # the unkeyed ones (never to be hit) in front for reuse first (True),
+        # all of them with caching off (False).
+        self._split_on_release = (None if self.profile.free_order is FreeOrder.APPEND_ALL
+                                  else self.enable_caching)
 
     # -- keys -----------------------------------------------------------------
 
@@ -227,22 +230,24 @@ class BlockPool:
         """One holder fewer for each block; blocks nobody holds any more go back
         to the free queue. `ordered_blocks` is eviction priority, first
         evicted first; where they land is the profile's free_order."""
-        released = []
+        front: list[KVCacheBlock] = []
+        back: list[KVCacheBlock] = []
+        split = self._split_on_release
         for block in ordered_blocks:
             block.ref_cnt -= 1
             # The null block's count is not kept; it never re-enters the queue.
-            if not block.ref_cnt and not block.is_null:
-                released.append(block)
-        if not released:
-            return
-        queue = self.free_block_queue
-        if not self._unkeyed_to_front:
-            queue.append_n(released)
-        elif not self.enable_caching:
-            queue.prepend_n(released)
-        else:
-            queue.prepend_n([b for b in released if b.block_hash is None])
-            queue.append_n([b for b in released if b.block_hash is not None])
+            if block.ref_cnt or block.is_null:
+                continue
+            if split is None:
+                back.append(block)
+            elif split and block.block_hash is not None:
+                back.append(block)
+            else:
+                front.append(block)
+        if front:
+            self.free_block_queue.prepend_n(front)
+        if back:
+            self.free_block_queue.append_n(back)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks; holders and queue position stay.

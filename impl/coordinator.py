@@ -23,6 +23,7 @@ from impl.managers import SingleTypeKVCacheManager, manager_class_for, max_admis
 from impl.managers.base import BlockTable, effective_block_size
 from impl.math_utils import cdiv
 from impl.managers.cross_attention import CrossAttentionManager
+from impl.managers.full_attention import FullAttentionManager, cached_prefix_run
 from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
 
@@ -207,6 +208,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         if enable_caching and only.block_size != hash_block_size:
             raise ValueError(f"one group is hashed at its own block size; got hash blocks of "
                              f"{hash_block_size} for blocks of {only.block_size}")
+        # Plain full attention: the lookup is one scan of the map.
+        self._scan = isinstance(only, FullAttentionManager)
 
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
                                    num_encoder_tokens, total_computed_tokens,
@@ -220,6 +223,17 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         return self.manager.get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks[0], total_computed_tokens,
             num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end)
+
+    def allocate_new_computed_blocks(self, request_id, new_computed_blocks,
+                                     num_local_computed_tokens, num_external_computed_tokens):
+        only = self.manager
+        if request_id in only.num_cached_block:
+            return
+        only.add_local_computed_blocks(request_id, new_computed_blocks[0],
+                                       num_local_computed_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens > 0:
+            only.allocate_external_computed_blocks(request_id, num_local_computed_tokens,
+                                                   num_external_computed_tokens)
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model,
                             num_encoder_tokens=0):
@@ -236,6 +250,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         only = self.manager
+        if self._scan:
+            size = self.block_size
+            return cached_prefix_run(block_hashes, max_cache_hit_length, 0, self.block_pool,
+                                     size, size)
         return only.find_longest_cache_hit(
             block_hashes, max_cache_hit_length, (0,), self.block_pool, self.kv_cache_spec,
             self.block_size, only.dcp_world_size, only.pcp_world_size)

@@ -11,8 +11,8 @@ from impl.block import KVCacheBlock
 from impl.coordinator import get_kv_cache_coordinator
 from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
+from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
-from impl.math_utils import cdiv
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
@@ -76,6 +76,12 @@ class KVCacheManager:
         self._plain = (managers[0] if len(managers) == 1
                        and isinstance(managers[0], FullAttentionManager)
                        and managers[0].block_size == hash_block_size else None)
+        # Its running requests (num_cached_block), looked up on every call.
+        self._plain_running = None if self._plain is None else self._plain.num_cached_block
+        # Only some kinds act when a step starts (Mamba).
+        self._step_hooks = tuple(
+            m.new_step_starts for m in managers
+            if type(m).new_step_starts is not SingleTypeKVCacheManager.new_step_starts)
 
     @property
     def usage(self) -> float:
@@ -104,13 +110,22 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The request's longest cached prefix. Never all of it: the last
         token is computed again for its logits."""
-        if not self.prefix_cache_lookup_enabled(request):
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        blocks, hit = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, request.num_tokens - 1)
+        num_tokens = len(request.all_token_ids)
+        plain = self._plain
+        if plain is not None:
+            # One scan of the map (what the coordinator would do, one call deep).
+            size = plain.block_size
+            run = self.block_pool.cached_block_hash_to_block.prefix_run(
+                request.block_hashes[:(num_tokens - 1) // size], b"\0\0\0\0")
+            blocks, hit = (run,), len(run) * size
+        else:
+            blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                                  num_tokens - 1)
         if self._count_at_lookup and self.log_stats:
-            self.prefix_cache_stats.record(request.num_tokens, hit, request.num_preemptions > 0)
-        return self._answer(blocks), hit
+            self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
+        return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
 
     # -- allocation --------------------------------------------------------------------
 
@@ -140,18 +155,50 @@ class KVCacheManager:
                 or (num_new_computed_tokens and self._adopt_without_new)):
             raise ValueError("an allocation must add tokens: num_new_tokens is 0 and "
                              "there is nothing to take over")
+        running = self._plain_running
+        request_id = request.request_id
+        if (running is None or request_id not in running or new_computed_blocks is not None
+                or num_external_computed_tokens or full_sequence_must_fit
+                or (self.watermark_blocks and request.status is not RequestStatus.RUNNING)):
+            return self._allocate(request, num_new_tokens, num_new_computed_tokens,
+                                  new_computed_blocks, num_lookahead_tokens,
+                                  num_external_computed_tokens, delay_cache_blocks,
+                                  num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                                  has_scheduled_reqs)
+        # A running request of a single full-attention group (every decode
+        # step of every request): no hit to take, nothing skipped, no
+        # watermark, so the general path's fan-out is left out.
         plain = self._plain
-        if (plain is not None and new_computed_blocks is None
-                and not num_external_computed_tokens and not full_sequence_must_fit
-                and request.request_id in plain.num_cached_block
-                and (not self.watermark_blocks or request.status is RequestStatus.RUNNING)):
-            return self._grow_running(plain, request, num_new_tokens, num_lookahead_tokens,
-                                      delay_cache_blocks, reserved_blocks)
-        return self._allocate(request, num_new_tokens, num_new_computed_tokens,
-                              new_computed_blocks, num_lookahead_tokens,
-                              num_external_computed_tokens, delay_cache_blocks,
-                              num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
-                              has_scheduled_reqs)
+        limit = self.max_model_len
+        computed = request.num_computed_tokens
+        if computed > limit:
+            computed = limit
+        slots = computed + num_new_tokens + num_lookahead_tokens
+        if slots > limit:
+            slots = limit
+        table = plain.req_to_blocks[request_id]
+        size = plain.block_size
+        missing = -(-slots // size) - len(table)  # cdiv, written out: hot path
+        pool = self.block_pool
+        fresh = None
+        if missing > 0:
+            if missing > pool.free_block_queue.num_free_blocks - reserved_blocks:
+                return None
+            fresh = pool.get_new_blocks(missing)
+            table += fresh
+        elif reserved_blocks and pool.free_block_queue.num_free_blocks < reserved_blocks:
+            return None
+        if not delay_cache_blocks and self.enable_caching:
+            final = computed + num_new_tokens
+            total = len(request.all_token_ids)
+            if final > total:
+                final = total
+            # Blocks filled since the last call are keyed (plain.cache_blocks).
+            if final // size > running[request_id]:
+                plain.cache_blocks(request, final)
+        if fresh is None:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((fresh,))
 
     def _allocate(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                   num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
@@ -168,10 +215,11 @@ class KVCacheManager:
         if has_scheduled_reqs and request.status in _NEEDS_WATERMARK:
             headroom = self.watermark_blocks
         # Where the prefill ends (a resumed request recomputes its output too).
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        num_tokens = len(request.all_token_ids)
+        prefill_end = max(request.num_prompt_tokens, num_tokens - 1)
         free = self.block_pool.free_block_queue
         if full_sequence_must_fit:
-            whole = min(request.num_tokens, self.max_model_len)
+            whole = min(num_tokens, self.max_model_len)
             needed = coordinator.get_num_blocks_to_allocate(
                 request_id, whole, hit, num_encoder_tokens, computed, local, whole,
                 apply_admission_cap=True, prefill_end=prefill_end)
@@ -196,41 +244,8 @@ class KVCacheManager:
                                                 num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             # Lookahead (draft) tokens may be rejected: only final ones are keyed.
-            coordinator.cache_blocks(request, min(computed + num_new_tokens,
-                                                  request.num_tokens))
+            coordinator.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
-
-    def _grow_running(self, manager, request: Request, num_new_tokens: int,
-                      num_lookahead_tokens: int, delay_cache_blocks: bool,
-                      reserved_blocks: int) -> KVCacheBlocks | None:
-        """allocate_slots of a running request of a single full-attention
-        group: no hit to take, nothing skipped, no watermark. Same outcome as
-        the general path with the fan-out left out; every decode step of
-        every request comes here."""
-        limit = self.max_model_len
-        computed = request.num_computed_tokens
-        if computed > limit:
-            computed = limit
-        slots = computed + num_new_tokens + num_lookahead_tokens
-        if slots > limit:
-            slots = limit
-        table = manager.req_to_blocks[request.request_id]
-        missing = cdiv(slots, manager.block_size) - len(table)
-        pool = self.block_pool
-        if missing > 0:
-            if missing > pool.free_block_queue.num_free_blocks - reserved_blocks:
-                return None
-            fresh = pool.get_new_blocks(missing)
-            table += fresh
-        elif reserved_blocks and pool.free_block_queue.num_free_blocks < reserved_blocks:
-            return None
-        else:
-            fresh = None
-        if not delay_cache_blocks and self.enable_caching:
-            final = computed + num_new_tokens
-            total = len(request.all_token_ids)
-            manager.cache_blocks(request, final if final < total else total)
-        return self.empty_kv_cache_blocks if fresh is None else KVCacheBlocks((fresh,))
 
     def _answer(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         for group in blocks:
@@ -257,7 +272,8 @@ class KVCacheManager:
         return done
 
     def new_step_starts(self) -> None:
-        self.coordinator.new_step_starts()
+        for hook in self._step_hooks:
+            hook()
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
         """The copy-on-write copies due: (source id, copy id) pairs, and the

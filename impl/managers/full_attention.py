@@ -46,7 +46,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         profile = block_pool.profile
         size = effective_block_size(kv_cache_spec, profile, dcp_world_size, pcp_world_size)
         if len(kv_cache_group_ids) == 1 and size == block_pool.hash_block_size:
-            return _run_of_one_group(block_hashes, max_length, kv_cache_group_ids[0],
+            return cached_prefix_run(block_hashes, max_length, kv_cache_group_ids[0],
                                      block_pool, size, alignment_tokens)
         inside = profile.partial_block_hits and cls.supports_fine_grained_hash_lookup
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
@@ -113,18 +113,12 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 request, table[index], boundary, self.kv_cache_group_id, self.block_size)
 
 
-def _run_of_one_group(hashes: Sequence, max_length: int, group_id: int,
+def cached_prefix_run(hashes: Sequence, max_length: int, group_id: int,
                       pool: BlockPool, size: int, alignment: int) -> HitResult:
-    """The plain case (one group hashed at its own block size), probing the
-    map directly: every lookup of a non-hybrid model comes this way."""
-    find = pool.cached_block_hash_to_block.get_one_block
-    suffix = group_id.to_bytes(4, "big")
-    run = []
-    for block_hash in hashes[:max_length // size]:
-        block = find(block_hash + suffix)
-        if block is None:
-            break
-        run.append(block)
+    """The plain case of the lookup (one group hashed at its own block size),
+    probing the map directly: every lookup of a non-hybrid model is this."""
+    run = pool.cached_block_hash_to_block.prefix_run(
+        hashes[:max_length // size], group_id.to_bytes(4, "big"))
     if alignment != size:
         length = len(run) * size
         length -= length % alignment
