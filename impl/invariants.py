@@ -194,12 +194,13 @@ class InvariantChecker:
         self._groups = manager.coordinator.single_type_managers
         self._touched: list[KVCacheBlock] = []
         self._cleared = False
-        # (group, request) -> copy of its table; block id -> {table: index}.
-        self._tables: dict[tuple[int, str], list[KVCacheBlock]] = {}
+        # Per group: request -> copy of its table. Block id -> {(group,
+        # request): index in that table}.
+        self._tables: list[dict[str, list[KVCacheBlock]]] = [{} for _ in self._groups]
         self._where: dict[int, dict[tuple[int, str], int]] = {}
-        for group in self._groups:
+        for g, group in enumerate(self._groups):
             for request_id, table in group.req_to_blocks.items():
-                self._adopt_table((group.kv_cache_group_id, request_id), table)
+                self._adopt_table(g, request_id, table)
         self._pairs = [Counter(group._copies) for group in self._groups]
         self._in_pairs: Counter = Counter()
         for pairs in self._pairs:
@@ -213,11 +214,11 @@ class InvariantChecker:
         self._reserved = _reserved_ids(manager)
         self._wrap_pool(pool)
 
-    def _adopt_table(self, where: tuple[int, str], table: list[KVCacheBlock]) -> None:
-        self._tables[where] = list(table)
+    def _adopt_table(self, g: int, request_id: str, table: list[KVCacheBlock]) -> None:
+        self._tables[g][request_id] = list(table)
         for index, block in enumerate(table):
             if not block.is_null:
-                self._where.setdefault(block.block_id, {})[where] = index
+                self._where.setdefault(block.block_id, {})[(g, request_id)] = index
 
     def _wrap_pool(self, pool) -> None:
         """Record the blocks every pool operation works on. The class's method
@@ -303,8 +304,10 @@ class InvariantChecker:
         took their place in some table)."""
         sources = []
         for g, group in enumerate(self._groups):
-            now = Counter(group._copies)
             was = self._pairs[g]
+            if not group._copies and not was:
+                continue
+            now = Counter(group._copies)
             if now == was:
                 continue
             for pair in now.keys() | was.keys():
@@ -322,33 +325,30 @@ class InvariantChecker:
     def _diff_tables(self, suspects: dict, sources: list, before: dict) -> None:
         """Bring the table shadows up to date, noting which blocks changed
         hands (and who held them before, for the sharing rule)."""
-        current = {}
-        for group in self._groups:
-            gid = group.kv_cache_group_id
-            for request_id, table in group.req_to_blocks.items():
-                current[(gid, request_id)] = table
-        shadows = self._tables
         # Positions to compare: where a touched block or a pair's source sat.
-        spots: set[tuple[tuple[int, str], int]] = set()
-        for block in [*suspects.values(), *sources]:
-            for where, index in self._where.get(block.block_id, {}).items():
-                spots.add((where, index))
-        for where in shadows.keys() - current.keys():
-            for block in shadows.pop(where):
-                if not block.is_null:
-                    self._move(block, where, None, suspects, before)
-        for where, table in current.items():
-            shadow = shadows.get(where)
-            if shadow is None:
-                shadow = shadows[where] = []
-            if len(table) != len(shadow):
-                self._diff_whole(where, shadow, table, suspects, before)
-        for where, index in spots:
-            shadow, table = shadows.get(where), current.get(where)
+        spots = [spot for block in [*suspects.values(), *sources]
+                 for spot in self._where.get(block.block_id, {}).items()]
+        for g, group in enumerate(self._groups):
+            shadows = self._tables[g]
+            tables = group.req_to_blocks
+            for request_id, table in tables.items():
+                shadow = shadows.get(request_id)
+                if shadow is None:
+                    shadow = shadows[request_id] = []
+                if len(table) != len(shadow):
+                    self._diff_whole((g, request_id), shadow, table, suspects, before)
+            if len(shadows) != len(tables):
+                for request_id in shadows.keys() - tables.keys():
+                    for block in shadows.pop(request_id):
+                        if not block.is_null:
+                            self._move(block, (g, request_id), None, suspects, before)
+        for (g, request_id), index in spots:
+            shadow = self._tables[g].get(request_id)
+            table = self._groups[g].req_to_blocks.get(request_id)
             if shadow is None or table is None or index >= len(table):
                 continue
             if shadow[index] is not table[index]:
-                self._replace(where, index, table[index], suspects, before)
+                self._replace((g, request_id), index, table[index], suspects, before)
 
     def _diff_whole(self, where, shadow: list, table: list, suspects: dict, before: dict) -> None:
         common = min(len(shadow), len(table))
@@ -365,7 +365,7 @@ class InvariantChecker:
                 self._move(block, None, (where, index), suspects, before)
 
     def _replace(self, where, index: int, new: KVCacheBlock, suspects: dict, before: dict) -> None:
-        shadow = self._tables[where]
+        shadow = self._tables[where[0]][where[1]]
         old = shadow[index]
         shadow[index] = new
         if not old.is_null:
