@@ -47,3 +47,7 @@ class KVCacheBlock:
         key = self.block_hash
         short = key.hex()[:8] if isinstance(key, bytes) else key
         return f"<block {self.block_id} refs={self.ref_cnt} key={short}>"
+
+
+# Blocks in token order: a request's block table, or a run of blocks.
+BlockList = list[KVCacheBlock]

@@ -99,6 +99,10 @@ class BlockHashToBlockMap:
                 for block in found.values():
                     yield key, block
 
+    def clear(self) -> None:
+        self._cache.clear()
+        self._entries = 0
+
     def num_entries(self) -> int:
         return self._entries
 

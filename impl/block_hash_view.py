@@ -53,14 +53,9 @@ def fine_grained_lookup(alignment_tokens: int | None, block_size: int) -> bool:
             and block_size % alignment_tokens == 0)
 
 
-def resolve_block_hashes(
-    block_hashes: Sequence,
-    hash_block_size: int,
-    block_size: int,
-    coarse: CoarseBlockHash,
-    fine_grained: bool = False,
-    alignment_tokens: int | None = None,
-) -> Sequence:
+def resolve_block_hashes(block_hashes: Sequence, hash_block_size: int, block_size: int,
+                         coarse: CoarseBlockHash, fine_grained: bool = False,
+                         alignment_tokens: int | None = None) -> Sequence:
     """The hashes a group of `block_size` looks up: the raw list at the hash
     granularity (or for a fine-grained lookup, which probes inside blocks),
     else a view with one hash per block."""

@@ -14,7 +14,7 @@ with hits inside blocks); such extra keys are listed per block in
 from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass
 
-from impl.block import KVCacheBlock
+from impl.block import BlockList, KVCacheBlock
 from impl.block_hash_map import BlockHashToBlockMap
 from impl.block_hash_view import resolve_block_hashes
 from impl.free_queue import FreeKVCacheBlockQueue
@@ -88,9 +88,8 @@ class BlockPool:
         if self._events is not None and keys:
             self.kv_event_queue.extend(self._events.removed(key) for key in keys)
 
-    def get_cached_block(
-        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
-    ) -> list[KVCacheBlock] | None:
+    def get_cached_block(self, block_hash: bytes,
+                         kv_cache_group_ids: Sequence[int]) -> BlockList | None:
         """A block carrying `block_hash` in each group; None if a group has none."""
         find = self.cached_block_hash_to_block.get_one_block
         found = []
@@ -101,16 +100,9 @@ class BlockPool:
             found.append(block)
         return found
 
-    def cache_full_blocks(
-        self,
-        request: Request,
-        blocks: list[KVCacheBlock],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-        block_mask: list[bool] | None = None,
-    ) -> None:
+    def cache_full_blocks(self, request: Request, blocks: BlockList, num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                          block_mask: list[bool] | None = None) -> None:
         """Key blocks [num_cached_blocks, num_full_blocks) of a request's
         table (null and masked-out blocks stay unkeyed)."""
         if num_cached_blocks >= num_full_blocks:
@@ -151,15 +143,9 @@ class BlockPool:
                 kv_cache_group_id, [(i * block_size, (i + 1) * block_size) for i in keyed],
             ))
 
-    def cache_partial_block(
-        self,
-        request: Request,
-        block: KVCacheBlock,
-        num_tokens: int,
-        kv_cache_group_id: int,
-        block_size: int,
-        replace_existing_hashes: bool = False,
-    ) -> bytes | None:
+    def cache_partial_block(self, request: Request, block: KVCacheBlock, num_tokens: int,
+                            kv_cache_group_id: int, block_size: int,
+                            replace_existing_hashes: bool = False) -> bytes | None:
         """Make `block` findable from the prefix boundary `num_tokens` (a
         multiple of the hash block size that ends inside it). Returns the key,
         None for the null block."""
@@ -201,7 +187,7 @@ class BlockPool:
 
     # -- handing out and taking back --------------------------------------------
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int) -> BlockList:
         """The `num_blocks` blocks at the front of the free queue, each with
         one reference; a keyed one is evicted from the cache first."""
         queue = self.free_block_queue
@@ -262,7 +248,7 @@ class BlockPool:
         """Forget every key; refused (False) while any block is held."""
         if self.free_block_queue.num_free_blocks != self.num_gpu_blocks - 1:
             return False
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.block_hash = block.block_hash_num_tokens = None

@@ -20,7 +20,7 @@ from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
 from impl.managers import SingleTypeKVCacheManager, manager_class_for, max_admission_blocks_per_request
-from impl.managers.base import BlockTable, effective_block_size
+from impl.managers.base import BlockTable, CopyPair, effective_block_size
 from impl.math_utils import cdiv
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager, cached_prefix_run
@@ -32,25 +32,14 @@ _NO_HIT_BLOCKS: tuple = ()
 
 
 class KVCacheCoordinator:
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        profile: VersionProfile,
-        enable_caching: bool,
-        hash_block_size: int,
-        *,
-        enable_kv_cache_events: bool = False,
-        events_use_int_hashes: bool = True,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        scheduler_block_size: int | None = None,
-        max_model_len: int = 1 << 30,
-        max_in_flight_tokens: int | None = None,
-    ) -> None:
-        self.kv_cache_config = kv_cache_config
-        self.profile = profile
-        self.hash_block_size = hash_block_size
-        self.dcp_world_size = dcp_world_size
+    def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
+                 enable_caching: bool, hash_block_size: int, *,
+                 enable_kv_cache_events: bool = False, events_use_int_hashes: bool = True,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1,
+                 scheduler_block_size: int | None = None, max_model_len: int = 1 << 30,
+                 max_in_flight_tokens: int | None = None) -> None:
+        self.kv_cache_config, self.profile = kv_cache_config, profile
+        self.hash_block_size, self.dcp_world_size = hash_block_size, dcp_world_size
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size,
                                     enable_kv_cache_events, profile=profile,
                                     events_use_int_hashes=events_use_int_hashes)
@@ -72,17 +61,10 @@ class KVCacheCoordinator:
     # -- allocation ---------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: PerGroup,
-        num_encoder_tokens: int,
-        total_computed_tokens: int,
-        num_local_computed_tokens: int,
-        num_tokens_main_model: int,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
+            self, request_id: str, num_tokens: int, new_computed_blocks: PerGroup,
+            num_encoder_tokens: int, total_computed_tokens: int, num_local_computed_tokens: int,
+            num_tokens_main_model: int, apply_admission_cap: bool = False,
+            prefill_end: int = 0) -> int:
         needed = 0
         for manager, hit, encoder in zip(self.single_type_managers, new_computed_blocks,
                                          self._encoder_sized):
@@ -98,13 +80,9 @@ class KVCacheCoordinator:
                     prefill_end)
         return needed
 
-    def allocate_new_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: PerGroup,
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
+    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: PerGroup,
+                                     num_local_computed_tokens: int,
+                                     num_external_computed_tokens: int) -> None:
         """A new request takes its hit in every group, and blocks for the
         tokens a connector will load; a running request takes nothing."""
         managers = self.single_type_managers
@@ -152,31 +130,30 @@ class KVCacheCoordinator:
                 manager.cache_blocks(request,
                                      self.get_num_cacheable_tokens(num_computed_tokens, group_id))
 
-    def free(self, request_id: str) -> None:
+    def _each(self, method: str, *args) -> None:
+        """Call `method` with `args` on every group's manager."""
         for manager in self.single_type_managers:
-            manager.free(request_id)
+            getattr(manager, method)(*args)
+
+    def free(self, request_id: str) -> None:
+        self._each("free", request_id)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
-        for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
+        self._each("remove_skipped_blocks", request_id, num_computed_tokens, num_prompt_tokens)
 
     def get_blocks(self, request_id: str) -> tuple[BlockTable, ...]:
         return tuple(manager.req_to_blocks.get(request_id) or []
                      for manager in self.single_type_managers)
 
-    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
-        drained = []
-        for manager in self.single_type_managers:
-            drained += manager.take_pending_cow_copies()
-        return drained
+    def take_pending_cow_copies(self) -> list[CopyPair]:
+        return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
     def new_step_starts(self) -> None:
-        for manager in self.single_type_managers:
-            manager.new_step_starts()
+        self._each("new_step_starts")
 
     def find_longest_cache_hit(self, block_hashes: Sequence, max_cache_hit_length: int
                                ) -> tuple[tuple[BlockTable, ...], int]:

@@ -8,7 +8,7 @@ operation creates an object. Front = reused (and evicted) first.
 
 from collections.abc import Iterable, Iterator
 
-from impl.block import KVCacheBlock
+from impl.block import BlockList, KVCacheBlock
 
 
 class CorruptFreeQueue(AssertionError):
@@ -18,17 +18,19 @@ class CorruptFreeQueue(AssertionError):
 class FreeKVCacheBlockQueue:
     __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail")
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
         front = self.fake_free_list_head = KVCacheBlock(-1)
         back = self.fake_free_list_tail = KVCacheBlock(-1)
         behind = front
+        count = 0
         for block in blocks:
             behind.next_free_block = block
             block.prev_free_block = behind
             behind = block
+            count += 1
         behind.next_free_block = back
         back.prev_free_block = behind
-        self.num_free_blocks = len(blocks)
+        self.num_free_blocks = count
 
     # -- taking blocks out ---------------------------------------------------
 
@@ -44,7 +46,7 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
         return first
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+    def popleft_n(self, n: int) -> BlockList:
         if not 0 <= n <= self.num_free_blocks:
             raise CorruptFreeQueue(f"asked for {n} of {self.num_free_blocks} free blocks")
         taken = [None] * n
@@ -128,7 +130,7 @@ class FreeKVCacheBlockQueue:
             yield cursor
             cursor = cursor.next_free_block
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+    def get_all_free_blocks(self) -> BlockList:
         return list(self)
 
     def block_ids(self) -> list[int]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from impl.block import KVCacheBlock
-from impl.coordinator import get_kv_cache_coordinator
+from impl.coordinator import PerGroup, get_kv_cache_coordinator
 from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
@@ -18,51 +18,54 @@ from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
 
 _NEEDS_WATERMARK = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Block ids per group: what the scheduler writes into its block tables.
+GroupIds = tuple[list[int], ...]
 
 
 @dataclass(slots=True)
 class KVCacheBlocks:
     """Blocks per KV cache group, as the scheduler gets them."""
 
-    blocks: tuple[Sequence[KVCacheBlock], ...]
+    blocks: PerGroup
 
-    def get_block_ids(self) -> tuple[list[int], ...]:
+    def get_block_ids(self) -> GroupIds:
         return tuple([block.block_id for block in group] for group in self.blocks)
 
 
+@dataclass(eq=False)
 class KVCacheManager:
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        max_model_len: int,
-        hash_block_size: int,
-        profile: VersionProfile,
-        enable_caching: bool = True,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        events_use_int_hashes: bool = True,
-        watermark: float = 0.0,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        scheduler_block_size: int | None = None,
-        max_in_flight_tokens: int | None = None,
-    ) -> None:
-        self.kv_cache_config = kv_cache_config
-        self.max_model_len = max_model_len
-        self.profile = profile
-        self.enable_caching = enable_caching
-        self.log_stats = log_stats
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
-        self.coordinator = get_kv_cache_coordinator(
-            kv_cache_config, profile, enable_caching, hash_block_size,
-            enable_kv_cache_events=enable_kv_cache_events,
-            events_use_int_hashes=events_use_int_hashes, dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size, scheduler_block_size=scheduler_block_size,
-            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
-        self.block_pool = self.coordinator.block_pool
-        groups = kv_cache_config.kv_cache_groups
+    kv_cache_config: KVCacheConfig
+    max_model_len: int
+    hash_block_size: int
+    profile: VersionProfile
+    enable_caching: bool = True
+    log_stats: bool = False
+    enable_kv_cache_events: bool = False
+    # KV events carry 64-bit int hashes (vLLM's default) or the raw bytes.
+    events_use_int_hashes: bool = True
+    # Blocks kept free when admitting a waiting request, as a pool fraction.
+    watermark: float = 0.0
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
+    scheduler_block_size: int | None = None
+    # Tokens that may be scheduled but not settled (caps windowed admission);
+    # None: max_model_len.
+    max_in_flight_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        config, profile = self.kv_cache_config, self.profile
+        self.prefix_cache_stats = PrefixCacheStats() if self.log_stats else None
+        coordinator = self.coordinator = get_kv_cache_coordinator(
+            config, profile, self.enable_caching, self.hash_block_size,
+            enable_kv_cache_events=self.enable_kv_cache_events,
+            events_use_int_hashes=self.events_use_int_hashes,
+            dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size,
+            scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
+            max_in_flight_tokens=self.max_in_flight_tokens)
+        self.block_pool = coordinator.block_pool
+        groups = config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.watermark_blocks = int(self.watermark * config.num_blocks)
         # One shared "nothing" answer, so no-block answers allocate nothing.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         # What BlockStored events say about their group (0.32).
@@ -72,10 +75,10 @@ class KVCacheManager:
         self._adopt_without_new = profile.allocate_adopts_hit_without_new_tokens
         # A single full-attention group hashed at its block size: running
         # requests then take the short path of allocate_slots.
-        managers = self.coordinator.single_type_managers
-        self._plain = (managers[0] if len(managers) == 1
-                       and isinstance(managers[0], FullAttentionManager)
-                       and managers[0].block_size == hash_block_size else None)
+        managers = coordinator.single_type_managers
+        only = managers[0] if len(managers) == 1 else None
+        self._plain = (only if isinstance(only, FullAttentionManager)
+                       and only.block_size == self.hash_block_size else None)
         # Its running requests (num_cached_block), looked up on every call.
         self._plain_running = None if self._plain is None else self._plain.num_cached_block
         # Only some kinds act when a step starts (Mamba).
@@ -130,19 +133,11 @@ class KVCacheManager:
     # -- allocation --------------------------------------------------------------------
 
     def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-    ) -> KVCacheBlocks | None:
+            self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+            new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+            num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+            num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
+            reserved_blocks: int = 0, has_scheduled_reqs: bool = True) -> KVCacheBlocks | None:
         """Slots for the request's computed prefix plus `num_new_tokens` (and
         lookahead). None, with nothing taken, when the pool cannot give them.
 
@@ -205,7 +200,7 @@ class KVCacheManager:
                   num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
                   has_scheduled_reqs) -> KVCacheBlocks | None:
         request_id = request.request_id
-        coordinator = self.coordinator
+        coord = self.coordinator
         no_hit = self.empty_kv_cache_blocks.blocks
         hit = no_hit if new_computed_blocks is None else new_computed_blocks.blocks
         local = request.num_computed_tokens + num_new_computed_tokens
@@ -220,7 +215,7 @@ class KVCacheManager:
         free = self.block_pool.free_block_queue
         if full_sequence_must_fit:
             whole = min(num_tokens, self.max_model_len)
-            needed = coordinator.get_num_blocks_to_allocate(
+            needed = coord.get_num_blocks_to_allocate(
                 request_id, whole, hit, num_encoder_tokens, computed, local, whole,
                 apply_admission_cap=True, prefill_end=prefill_end)
             if needed + headroom > free.num_free_blocks:
@@ -229,22 +224,22 @@ class KVCacheManager:
         slots = min(main_model + num_lookahead_tokens, self.max_model_len)
         # Give back what the window has left first, so it can serve this
         # allocation; done even when the allocation is then refused.
-        coordinator.remove_skipped_blocks(
+        coord.remove_skipped_blocks(
             request_id, max(0, computed - request.num_in_flight_tokens),
             request.num_prompt_tokens)
-        needed = coordinator.get_num_blocks_to_allocate(
+        needed = coord.get_num_blocks_to_allocate(
             request_id, slots, hit, num_encoder_tokens, with_external, local, main_model,
             prefill_end=prefill_end)
         if needed + headroom > free.num_free_blocks - reserved_blocks:
             return None
         if hit is not no_hit or num_external_computed_tokens > 0:
-            coordinator.allocate_new_computed_blocks(request_id, hit, local,
+            coord.allocate_new_computed_blocks(request_id, hit, local,
                                                      num_external_computed_tokens)
-        fresh = coordinator.allocate_new_blocks(request_id, slots, main_model,
+        fresh = coord.allocate_new_blocks(request_id, slots, main_model,
                                                 num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             # Lookahead (draft) tokens may be rejected: only final ones are keyed.
-            coordinator.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
+            coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
 
     def _answer(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
@@ -290,7 +285,7 @@ class KVCacheManager:
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return self._answer(self.coordinator.get_blocks(request_id))
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: str) -> GroupIds:
         return self.get_blocks(request_id).get_block_ids()
 
     def take_events(self) -> list[KVCacheEvent]:

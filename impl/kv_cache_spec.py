@@ -30,21 +30,17 @@ class KVCacheSpec:
 
     # What BlockStored events carry as `kv_cache_spec_kind` for the group.
     kind = "unknown"
+    # Whether decode context parallelism spreads a block's token positions
+    # over the ranks (a block then spans block_size x dcp tokens): yes for
+    # attention KV, no for replicated state.
+    dcp_sharded = False
+    # Whether the group takes part in prefix caching at all.
+    prefix_cacheable = True
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
         # the zero-argument form, and object's hook does nothing.)
         cls.kind = _kind_of(cls.__name__)
-
-    @property
-    def dcp_sharded(self) -> bool:
-        """Whether decode context parallelism spreads a block's token
-        positions over the ranks (a block then spans block_size x dcp tokens)."""
-        return False
-
-    @property
-    def prefix_cacheable(self) -> bool:
-        return True
 
     @property
     def sliding_window_of_events(self) -> int | None:
@@ -54,18 +50,13 @@ class KVCacheSpec:
 
 @dataclass(frozen=True, slots=True)
 class AttentionSpec(KVCacheSpec):
-    num_kv_heads: int = 1
-    head_size: int = 1
-    # Bytes per element of the cache dtype: 2 for bf16, 1 for fp8.
-    dtype_size: int = 4
-    # The V head size where it is not K's.
-    head_size_v: int | None = None
-    # Set when a hybrid model pads every page to its largest.
-    page_size_padded: int | None = None
+    num_kv_heads: int = 1  # on this tensor-parallel rank
+    head_size: int = 1  # elements per head (of K; see head_size_v)
+    dtype_size: int = 4  # bytes per element of the cache dtype: 2 for bf16, 1 for fp8
+    head_size_v: int | None = None  # where V's head size is not K's
+    page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
 
-    @property
-    def dcp_sharded(self) -> bool:
-        return True
+    dcp_sharded = True
 
     @property
     def v_head_size(self) -> int:
@@ -74,10 +65,10 @@ class AttentionSpec(KVCacheSpec):
 
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec(AttentionSpec):
-    # A local-attention layer kept as full attention (the hybrid allocator
-    # off): the window still shapes compute, not the cache.
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
+    # A local-attention layer kept as full attention (hybrid allocator off)
+    # carries its window or chunk: it shapes the compute, not the cache.
+    sliding_window: int | None = None  # tokens a query reads back
+    attention_chunk_size: int | None = None  # tokens per local chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +83,13 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 @dataclass(frozen=True, slots=True)
 class SinkFullAttentionSpec(FullAttentionSpec):
-    # Leading tokens every query reads; whole blocks of them.
-    sink_len: int | None = None
+    sink_len: int | None = None  # leading tokens every query reads; whole blocks
 
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = 0
-    # Kept below the window, unread, for multi-token speculation.
-    extra_retained_tokens: int = 0
+    extra_retained_tokens: int = 0  # kept below the window, unread (speculation)
 
     @property
     def sliding_window_of_events(self) -> int | None:
@@ -121,15 +110,15 @@ class CrossAttentionSpec(AttentionSpec):
 @dataclass(frozen=True, slots=True)
 class MambaSpec(KVCacheSpec):
     """A state-space layer: one fixed-size state per block whatever the
-    block size; `shapes` and `dtype_sizes` describe its tensors (conv, ssm)."""
+    block size. Cache mode "none" keeps one running state per request
+    (prefix caching off); "align" a state at every block boundary a chunk
+    ends on (prefix caching on)."""
 
-    shapes: tuple[tuple[int, ...], ...] = ()
-    dtype_sizes: tuple[int, ...] = ()
-    page_size_padded: int | None = None
-    # "none": one running state per request (prefix caching off); "align": a
-    # state at every block boundary a chunk ends on (prefix caching on).
-    mamba_cache_mode: str = "none"
-    num_speculative_blocks: int = 0
+    shapes: tuple[tuple[int, ...], ...] = ()  # of its state tensors (conv, ssm)
+    dtype_sizes: tuple[int, ...] = ()  # bytes per element of each
+    page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
+    mamba_cache_mode: str = "none"  # or "align"
+    num_speculative_blocks: int = 0  # room for draft tokens' states
 
 
 @dataclass(frozen=True, slots=True)

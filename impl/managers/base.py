@@ -12,14 +12,16 @@ needs (`find_longest_cache_hit`) and which blocks are worth keying
 from collections.abc import Sequence
 from typing import ClassVar
 
-from impl.block import KVCacheBlock
+from impl.block import BlockList, KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec
 from impl.math_utils import cdiv
 from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.request import Request
 
-BlockTable = list[KVCacheBlock]
+BlockTable = BlockList
+# A copy-on-write copy the worker still has to make: (source, copy).
+CopyPair = tuple[KVCacheBlock, KVCacheBlock]
 # One list of hit blocks per group looked up together, and the hit's length.
 HitResult = tuple[tuple[BlockTable, ...], int]
 
@@ -51,17 +53,10 @@ class SingleTypeKVCacheManager:
     # Whether hits may end at hash boundaries inside a block.
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int | None = None,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        max_admission_blocks_per_request: int | None = None,
-    ) -> None:
+    def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
+                 kv_cache_group_id: int, scheduler_block_size: int | None = None,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1,
+                 max_admission_blocks_per_request: int | None = None) -> None:
         profile = block_pool.profile
         self.kv_cache_spec = kv_cache_spec
         self.block_pool = block_pool
@@ -87,21 +82,15 @@ class SingleTypeKVCacheManager:
         # block, until its first allocation gives it a private copy.
         self._copy_due: dict[str, tuple[int, KVCacheBlock]] = {}
         # (source, copy) pairs whose copy the worker still has to make.
-        self._copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        self._copies: list[CopyPair] = []
 
     # -- how many blocks ----------------------------------------------------------
 
     def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        total_computed_tokens: int,
-        num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
+            self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
+            total_computed_tokens: int, num_local_computed_tokens: int = 0,
+            num_tokens_main_model: int = 0, apply_admission_cap: bool = False,
+            prefill_end: int = 0) -> int:
         """Free blocks an allocation to `num_tokens` slots would use up: new
         blocks, hit blocks it would take out of the free queue, and a private
         copy for a hit that ends inside a block."""
@@ -126,13 +115,9 @@ class SingleTypeKVCacheManager:
 
     # -- taking a hit and external blocks -------------------------------------------
 
-    def add_local_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
+    def add_local_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                                  num_local_computed_tokens: int,
+                                  num_external_computed_tokens: int) -> None:
         """A new request takes its prefix hit: blocks the window has already
         left become null entries, the others gain this request as a holder."""
         table = self.req_to_blocks.setdefault(request_id, [])
@@ -160,12 +145,8 @@ class SingleTypeKVCacheManager:
         else:
             self.num_cached_block[request_id] = len(table)
 
-    def allocate_external_computed_blocks(
-        self,
-        request_id: str,
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
+    def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
+                                          num_external_computed_tokens: int) -> None:
         """Blocks for tokens a KV connector loads into this group."""
         total = num_local_computed_tokens + num_external_computed_tokens
         gone = self.get_num_skipped_tokens(total)
@@ -184,9 +165,8 @@ class SingleTypeKVCacheManager:
 
     # -- growing the table --------------------------------------------------------------
 
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_tokens_main_model: int = 0
-    ) -> BlockTable:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int = 0) -> BlockTable:
         """Grow the table to `num_tokens` slots. Returns what is new in it,
         a pending private copy first."""
         copy = self._make_due_copy(request_id)
@@ -221,7 +201,7 @@ class SingleTypeKVCacheManager:
         self._copies.append((source, copy))
         copy.ref_cnt += 1
 
-    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+    def take_pending_cow_copies(self) -> list[CopyPair]:
         drained, self._copies = self._copies, []
         return drained
 
@@ -261,9 +241,8 @@ class SingleTypeKVCacheManager:
             # tail, so the tail should be evicted before it.
             self.block_pool.free_blocks(reversed(table))
 
-    def remove_skipped_blocks(
-        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
-    ) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         """Free the blocks no later token reads, leaving null entries."""
         if not self.skips_tokens:
             return
@@ -298,17 +277,10 @@ class SingleTypeKVCacheManager:
         """The scheduler starts a new step."""
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence,
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> HitResult:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
         """The longest prefix of at most `max_length` tokens, a multiple of
         `alignment_tokens`, that every group of `kv_cache_group_ids` has
         cached: its blocks per group (null where the kind needs none) and

@@ -10,29 +10,22 @@ from collections.abc import Sequence
 
 from impl.block_hash_view import resolve_block_hashes
 from impl.block_pool import BlockPool
-from impl.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec
+from impl.kv_cache_spec import KVCacheSpec
 from impl.managers.base import HitResult, SingleTypeKVCacheManager
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     skips_tokens = True
 
-    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, *args, **kwargs) -> None:
-        super().__init__(kv_cache_spec, *args, **kwargs)
-        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+    @property
+    def attention_chunk_size(self) -> int:
+        return self.kv_cache_spec.attention_chunk_size
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence,
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> HitResult:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
         size = kv_cache_spec.block_size
         if dcp_world_size != 1:
             raise AssertionError("chunked local attention cannot be sharded across "

@@ -7,21 +7,15 @@ decoder's count), handed out once at admission and shared with nobody. No
 hit, no external load, no keying.
 """
 
-from collections.abc import Sequence
-
-from impl.block import KVCacheBlock
+from impl.block import BlockList
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.request import Request
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
-    def add_local_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
+    def add_local_computed_blocks(self, request_id: str, new_computed_blocks: BlockList,
+                                  num_local_computed_tokens: int,
+                                  num_external_computed_tokens: int) -> None:
         if new_computed_blocks:
             raise AssertionError("encoder output is never a prefix hit")
 

@@ -32,17 +32,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                                   and self._profile.partial_block_hits)
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence,
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> HitResult:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
         profile = block_pool.profile
         size = effective_block_size(kv_cache_spec, profile, dcp_world_size, pcp_world_size)
         if len(kv_cache_group_ids) == 1 and size == block_pool.hash_block_size:

@@ -65,17 +65,10 @@ class MambaManager(SingleTypeKVCacheManager):
     # -- lookup ---------------------------------------------------------------
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence,
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> HitResult:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
         """The rightmost cached state, with null entries before it."""
         profile = block_pool.profile
         size = kv_cache_spec.block_size
@@ -102,16 +95,10 @@ class MambaManager(SingleTypeKVCacheManager):
     # -- how many blocks ----------------------------------------------------------
 
     def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        total_computed_tokens: int,
-        num_local_computed_tokens: int = 0,
-        num_tokens_main_model: int = 0,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
+            self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
+            total_computed_tokens: int, num_local_computed_tokens: int = 0,
+            num_tokens_main_model: int = 0, apply_admission_cap: bool = False,
+            prefill_end: int = 0) -> int:
         if new_computed_blocks and (
                 new_computed_blocks[-1].block_hash in self.cached_blocks_this_step):
             # The hit's state is written by this very step: more blocks than
@@ -137,9 +124,8 @@ class MambaManager(SingleTypeKVCacheManager):
 
     # -- growing the table ------------------------------------------------------------
 
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_tokens_main_model: int = 0
-    ) -> BlockTable:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int = 0) -> BlockTable:
         if not self._align:
             return super().allocate_new_blocks(
                 request_id, num_tokens + self.block_size * self.num_speculative_blocks,
@@ -204,9 +190,8 @@ class MambaManager(SingleTypeKVCacheManager):
             self.block_pool.free_blocks(freed)
         self._retired_upto[request_id] = last
 
-    def remove_skipped_blocks(
-        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
-    ) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         super().remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
         if not self._align:
             return

@@ -31,17 +31,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence,
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> HitResult:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
         """Scanning leftwards from max_length, the first run of enough cached
         blocks wins; its right end must sit on an aligned boundary."""
         if dcp_world_size != 1:
