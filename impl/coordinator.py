@@ -23,7 +23,7 @@ from impl.managers import SingleTypeKVCacheManager, manager_class_for, max_admis
 from impl.managers.base import BlockTable, CopyPair, effective_block_size
 from impl.math_utils import cdiv
 from impl.managers.cross_attention import CrossAttentionManager
-from impl.managers.full_attention import FullAttentionManager, cached_prefix_run
+from impl.managers.full_attention import FullAttentionManager
 from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
 
@@ -229,8 +229,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         only = self.manager
         if self._scan:
             size = self.block_size
-            return cached_prefix_run(block_hashes, max_cache_hit_length, 0, self.block_pool,
-                                     size, size)
+            run = self.block_pool.cached_block_hash_to_block.prefix_run(
+                block_hashes[:max_cache_hit_length // size], b"\0\0\0\0")  # group 0
+            return (run,), len(run) * size
         return only.find_longest_cache_hit(
             block_hashes, max_cache_hit_length, (0,), self.block_pool, self.kv_cache_spec,
             self.block_size, only.dcp_world_size, only.pcp_world_size)

@@ -116,16 +116,8 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
         num_tokens = len(request.all_token_ids)
-        plain = self._plain
-        if plain is not None:
-            # One scan of the map (what the coordinator would do, one call deep).
-            size = plain.block_size
-            run = self.block_pool.cached_block_hash_to_block.prefix_run(
-                request.block_hashes[:(num_tokens - 1) // size], b"\0\0\0\0")
-            blocks, hit = (run,), len(run) * size
-        else:
-            blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                                  num_tokens - 1)
+        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                              num_tokens - 1)
         if self._count_at_lookup and self.log_stats:
             self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
         return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
