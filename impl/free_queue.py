@@ -19,18 +19,10 @@ class FreeKVCacheBlockQueue:
     __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail")
 
     def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
-        front = self.fake_free_list_head = KVCacheBlock(-1)
-        back = self.fake_free_list_tail = KVCacheBlock(-1)
-        behind = front
-        count = 0
-        for block in blocks:
-            behind.next_free_block = block
-            block.prev_free_block = behind
-            behind = block
-            count += 1
-        behind.next_free_block = back
-        back.prev_free_block = behind
-        self.num_free_blocks = count
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        self.num_free_blocks = 0
+        self._splice(self.fake_free_list_head, blocks, self.fake_free_list_tail)
 
     # -- taking blocks out ---------------------------------------------------
 
@@ -91,34 +83,27 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """At the back, in the given order."""
-        last = self._last()
-        count = self.num_free_blocks
-        for block in blocks:
-            last.next_free_block = block
-            block.prev_free_block = last
-            last = block
-            count += 1
-        back = self.fake_free_list_tail
-        last.next_free_block = back
-        back.prev_free_block = last
-        self.num_free_blocks = count
+        self._splice(self._last(), blocks, self.fake_free_list_tail)
 
     def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """At the front, in the given order (the first given is reused first)."""
-        front = self.fake_free_list_head
-        old_first = front.next_free_block
+        old_first = self.fake_free_list_head.next_free_block
         if old_first is None:
             raise CorruptFreeQueue("the head sentinel has no successor")
-        last = front
-        count = self.num_free_blocks
+        self._splice(self.fake_free_list_head, blocks, old_first)
+
+    def _splice(self, after: KVCacheBlock, blocks: Iterable[KVCacheBlock],
+                before: KVCacheBlock) -> None:
+        """Link `blocks`, in order, between the neighbours `after` and `before`."""
+        count = 0
         for block in blocks:
-            last.next_free_block = block
-            block.prev_free_block = last
-            last = block
+            after.next_free_block = block
+            block.prev_free_block = after
+            after = block
             count += 1
-        last.next_free_block = old_first
-        old_first.prev_free_block = last
-        self.num_free_blocks = count
+        after.next_free_block = before
+        before.prev_free_block = after
+        self.num_free_blocks += count
 
     # -- reading ------------------------------------------------------------------
 

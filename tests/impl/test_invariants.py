@@ -132,118 +132,61 @@ def test_incremental_checks_pass_on_legitimate_calls():
     checker.check(m)
 
 
-def _fault(monkeypatch, cls, name, replacement):
-    monkeypatch.setattr(cls, name, replacement)
+# Faults in impl's operations, each with the call that makes it show and what
+# the incremental check must then say. A fault is (class, method, a factory
+# taking the real method and the manager, returning the faulty one).
 
 
-def test_incremental_touch_that_leaves_a_block_queued(monkeypatch):
-    from impl.block_pool import BlockPool
-
-    m, (a, b), checker = watched()
-    m.free(a), m.free(b)
-    checker.check(m)
-
+def _touch_keeps_free(real, m):
     def touch(self, blocks):
         for block in blocks:
             block.ref_cnt += 1
-
-    _fault(monkeypatch, BlockPool, "touch", touch)
-    admit(m, "c", range(9))
-    with pytest.raises(InvariantViolation, match="in the free queue"):
-        checker.check(m)
+    return touch
 
 
-def test_incremental_free_that_drops_two_references(monkeypatch):
-    from impl.block_pool import BlockPool
-
-    m, (a, _), checker = watched()
-    real = BlockPool.free_blocks
-
+def _free_drops_two(real, m):
     def free_blocks(self, blocks):
         blocks = list(blocks)
         for block in blocks:
             block.ref_cnt -= 1
         real(self, blocks)
-
-    _fault(monkeypatch, BlockPool, "free_blocks", free_blocks)
-    m.free(a)
-    with pytest.raises(InvariantViolation, match="ref_cnt"):
-        checker.check(m)
+    return free_blocks
 
 
-def test_incremental_allocation_without_a_reference(monkeypatch):
-    from impl.block_pool import BlockPool
-
-    m, _, checker = watched()
-    real = BlockPool.get_new_blocks
-
+def _allocate_without_reference(real, m):
     def get_new_blocks(self, n):
         got = real(self, n)
         for block in got:
             block.ref_cnt -= 1
         return got
-
-    _fault(monkeypatch, BlockPool, "get_new_blocks", get_new_blocks)
-    admit(m, "c", [7] * 5)
-    with pytest.raises(InvariantViolation, match="ref_cnt=0 but not in the free queue"):
-        checker.check(m)
+    return get_new_blocks
 
 
-def test_incremental_eviction_that_leaves_the_map_entry(monkeypatch):
-    from impl.block_pool import BlockPool
-
-    m, _, checker = watched()
-
+def _evict_leaves_entry(real, m):
     def detach(self, block):
         gone = [block.block_hash] if block.block_hash is not None else []
         block.block_hash = block.block_hash_num_tokens = None
         return gone
-
-    _fault(monkeypatch, BlockPool, "_detach_all", detach)
-    m.evict_blocks([2])
-    with pytest.raises(InvariantViolation, match="points at block 2"):
-        checker.check(m)
+    return detach
 
 
-def test_incremental_keying_that_skips_the_map(monkeypatch):
-    from impl.block_hash_map import BlockHashToBlockMap
-
-    m, _, checker = watched()
-    _fault(monkeypatch, BlockHashToBlockMap, "insert", lambda self, key, block: None)
-    admit(m, "c", [5] * 9)
-    with pytest.raises(InvariantViolation, match="not in the map"):
-        checker.check(m)
+def _key_outside_the_map(real, m):
+    return lambda self, key, block: None
 
 
-def test_incremental_release_that_breaks_a_back_link(monkeypatch):
-    from impl.free_queue import FreeKVCacheBlockQueue
-
-    m, (a, _), checker = watched()
-
-    def append_n(self, blocks):
-        last = self.fake_free_list_tail.prev_free_block
+def _release_without_back_links(real, m):
+    def splice(self, after, blocks, before):
         for block in blocks:
-            last.next_free_block = block
-            block.prev_free_block = None  # fault
-            last = block
+            after.next_free_block = block
+            block.prev_free_block = None  # the fault
+            after = block
             self.num_free_blocks += 1
-        last.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = last
-
-    # a's private block is unkeyed (0.32 puts it at the front), the shared
-    # ones stay held: send both ends through the faulty relinking.
-    _fault(monkeypatch, FreeKVCacheBlockQueue, "append_n", append_n)
-    _fault(monkeypatch, FreeKVCacheBlockQueue, "prepend_n", append_n)
-    m.free(a)
-    with pytest.raises(InvariantViolation, match="link"):
-        checker.check(m)
+        after.next_free_block = before
+        before.prev_free_block = after
+    return splice
 
 
-def test_incremental_allocation_that_hands_out_a_held_block(monkeypatch):
-    from impl.managers.base import SingleTypeKVCacheManager
-
-    m, _, checker = watched()
-    real = SingleTypeKVCacheManager.allocate_new_blocks
+def _allocate_a_held_block(real, m):
     victim = m.coordinator.single_type_managers[0].req_to_blocks["a"][2]  # unkeyed
 
     def allocate_new_blocks(self, request_id, num_tokens, main=0):
@@ -252,10 +195,49 @@ def test_incremental_allocation_that_hands_out_a_held_block(monkeypatch):
             victim.ref_cnt += 1
             self.req_to_blocks[request_id].append(victim)
         return got
+    return allocate_new_blocks
 
-    _fault(monkeypatch, SingleTypeKVCacheManager, "allocate_new_blocks", allocate_new_blocks)
-    admit(m, "c", [3] * 5)
-    with pytest.raises(InvariantViolation, match="shared without a prefix hit"):
+
+def _free_both(m, reqs):
+    for r in reqs:
+        m.free(r)
+
+
+INCREMENTAL_FAULTS = {
+    # a hit on a freed cached block leaves it queued
+    "touch": ("impl.block_pool:BlockPool.touch", _touch_keeps_free,
+              lambda m, reqs: (_free_both(m, reqs), admit(m, "c", range(9))),
+              "in the free queue"),
+    "free": ("impl.block_pool:BlockPool.free_blocks", _free_drops_two,
+             lambda m, reqs: m.free(reqs[0]), "ref_cnt"),
+    "allocate": ("impl.block_pool:BlockPool.get_new_blocks", _allocate_without_reference,
+                 lambda m, reqs: admit(m, "c", [7] * 5), "ref_cnt=0 but not in the free queue"),
+    "evict": ("impl.block_pool:BlockPool._detach_all", _evict_leaves_entry,
+              lambda m, reqs: m.evict_blocks([2]), "points at block 2"),
+    "key": ("impl.block_hash_map:BlockHashToBlockMap.insert", _key_outside_the_map,
+            lambda m, reqs: admit(m, "c", [5] * 9), "not in the map"),
+    # a's private block is unkeyed (0.32 puts it at the front); the shared
+    # ones stay held.
+    "link": ("impl.free_queue:FreeKVCacheBlockQueue._splice", _release_without_back_links,
+             lambda m, reqs: m.free(reqs[0]), "link"),
+    "share": ("impl.managers.base:SingleTypeKVCacheManager.allocate_new_blocks",
+              _allocate_a_held_block, lambda m, reqs: admit(m, "c", [3] * 5),
+              "shared without a prefix hit"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(INCREMENTAL_FAULTS))
+def test_incremental_check_catches_a_fault_in_an_operation(monkeypatch, fault):
+    import importlib
+
+    target, make, call, message = INCREMENTAL_FAULTS[fault]
+    module, _, attr = target.partition(":")
+    owner, method = attr.split(".")
+    cls = getattr(importlib.import_module(module), owner)
+    m, reqs, checker = watched()
+    monkeypatch.setattr(cls, method, make(getattr(cls, method), m))
+    call(m, reqs)
+    with pytest.raises(InvariantViolation, match=message):
         checker.check(m)
 
 
