@@ -41,7 +41,8 @@ def _xxh3(data: bytes) -> bytes:
 
 
 def _sha256_of_pickle(obj: Any) -> bytes:
-    return hashlib.sha256(_pickled(obj)).digest()
+    # (The default algorithm, called per block: pickled inline, one call less.)
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
 def _sha256_of_cbor(obj: Any) -> bytes:
@@ -200,15 +201,16 @@ class RequestBlockHasher:
         done = request.block_hashes
         tokens = request.all_token_ids
         begin = len(done) * size
+        end = len(tokens)
         fresh: list = []
-        if begin + size > len(tokens):
+        if begin + size > end:
             return fresh
         fn = self.hash_fn
         # A falsy previous hash counts as none (vLLM tests `if not parent`).
         parent = (done[-1] if done else None) or self.none_hash
         plain = (request.lora is None and not request.mm_features
                  and request.prompt_embeds is None and not request.cache_salt)
-        while begin + size <= len(tokens):
+        while begin + size <= end:
             stop = begin + size
             keys = None if plain else block_extra_keys(request, begin, stop, self.tagged)
             parent = fn((parent, tuple(tokens[begin:stop]), keys))
