@@ -20,7 +20,7 @@ from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
 from impl.managers import SingleTypeKVCacheManager, manager_class_for, max_admission_blocks_per_request
-from impl.managers.base import BlockTable, CopyPair, effective_block_size
+from impl.managers.base import BlockTable, CopyPair
 from impl.math_utils import cdiv
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager
