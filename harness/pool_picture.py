@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
-from impl.managers.base import cdiv
+from impl.math_utils import cdiv
 
 # Beyond this many events the picture keeps every k-th event plus the last
 # ones before the divergence, so that a column stays at least a pixel wide.

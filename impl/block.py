@@ -1,14 +1,13 @@
-"""A KV cache block's metadata (vLLM: KVCacheBlock)."""
-
-from __future__ import annotations
+"""One block of the KV cache pool (vLLM's name: KVCacheBlock); specs/KV_CACHE_MANAGER.md §1."""
 
 
 class KVCacheBlock:
-    """One block of the pool.
+    """A run of token slots and the bookkeeping the pool keeps about it.
 
-    A plain slotted class rather than a dataclass: the free queue relinks
-    prev/next on every allocation and free, and attribute access on slots is the
-    cheapest Python offers.
+    Slots, not a dataclass: the free queue relinks two of these fields on
+    every allocation and release, and a pool may hold a million blocks, so the
+    cheapest attributes Python has and no per-block dict. Equality is
+    identity: two blocks are never interchangeable.
     """
 
     __slots__ = (
@@ -21,19 +20,34 @@ class KVCacheBlock:
         "is_null",
     )
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, ref_cnt: int = 0, *, is_null: bool = False) -> None:
         self.block_id = block_id
-        self.ref_cnt = 0
-        # Hash key (block hash + 4-byte group id) while the block is cached.
-        self.block_hash: bytes | None = None
-        # Prefix length the hash covers (the block's end for a full block).
-        self.block_hash_num_tokens: int | None = None
-        # Links of the free queue's doubly linked list; None when not free.
-        self.prev_free_block: KVCacheBlock | None = None
-        self.next_free_block: KVCacheBlock | None = None
-        # The null block (id 0) pads block tables; it is never freed or cached.
-        self.is_null = False
+        self.ref_cnt = ref_cnt
+        # Cache key (hash bytes + 4-byte group id) while prefix lookups can
+        # find the block; the prefix length it stands for.
+        self.block_hash = None
+        self.block_hash_num_tokens = None
+        # Free-queue neighbours; both None while the block is not queued.
+        self.prev_free_block = None
+        self.next_free_block = None
+        self.is_null = is_null
+
+    def set_block_hash(self, block_hash, num_tokens: int | None = None) -> None:
+        if self.block_hash is not None:
+            raise AssertionError(f"block {self.block_id} is keyed already; "
+                                 "drop its key before giving it another")
+        self.block_hash = block_hash
+        self.block_hash_num_tokens = num_tokens
+
+    def reset_hash(self) -> None:
+        self.block_hash = None
+        self.block_hash_num_tokens = None
 
     def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash else None
-        return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={h})"
+        key = self.block_hash
+        short = key.hex()[:8] if isinstance(key, bytes) else key
+        return f"<block {self.block_id} refs={self.ref_cnt} key={short}>"
+
+
+# Blocks in token order: a request's block table, or a run of blocks.
+BlockList = list[KVCacheBlock]

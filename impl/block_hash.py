@@ -1,19 +1,16 @@
-"""Prefix-cache block hashing, byte-identical to vLLM's.
+"""Prefix-cache hashing of a request's tokens; specs/KV_CACHE_MANAGER.md §3.
 
-A block's hash is hash_fn((parent_hash, tuple(block_token_ids), extra_keys)), with
-the parent of a request's first block being NONE_HASH. hash_fn serialises that
-tuple with pickle (highest protocol) or canonical CBOR and digests it with
-SHA-256 or XXH3-128: the serialisation is part of the contract, so we use the
-same serialisers.
+Every `hash_block_size` tokens of a request get a hash that chains over the
+whole prefix: H((parent, tokens of the block, extra keys)). The serialiser
+(pickle or canonical CBOR) is as much part of the value as the digest, so we
+use the same serialisers vLLM does and compare bytes, not semantics.
 """
 
-from __future__ import annotations
-
-import bisect
 import hashlib
 import os
 import pickle
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cbor2
@@ -22,179 +19,222 @@ from impl.profiles import NoneHashSeed, VersionProfile
 from impl.request import Request
 
 try:
-    import xxhash as xxhash_module
+    from xxhash import xxh3_128_digest
 except ImportError:  # pragma: no cover - xxhash is a declared dependency
-    xxhash_module = None
+    xxh3_128_digest = None
 
-HashFn = Callable[[Any], bytes]
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-
-def _sha256(obj: Any) -> bytes:
-    return hashlib.sha256(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)).digest()
+HashFn = Callable[[Any], Any]
 
 
-def _sha256_cbor(obj: Any) -> bytes:
-    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _xxh3_128(data: bytes) -> bytes:
-    if xxhash_module is None:
-        raise ModuleNotFoundError("the xxhash hash algorithms need `pip install xxhash`")
-    return xxhash_module.xxh3_128_digest(data)
+def _canonical_cbor(obj: Any) -> bytes:
+    return cbor2.dumps(obj, canonical=True)
 
 
-def _xxhash(obj: Any) -> bytes:
-    return _xxh3_128(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL))
+def _xxh3(data: bytes) -> bytes:
+    if xxh3_128_digest is None:
+        raise ModuleNotFoundError("xxhash algorithms need the xxhash package")
+    return xxh3_128_digest(data)
 
 
-def _xxhash_cbor(obj: Any) -> bytes:
-    return _xxh3_128(cbor2.dumps(obj, canonical=True))
+def _sha256_of_pickle(obj: Any) -> bytes:
+    # (The default algorithm, called per block: pickled inline, one call less.)
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
+def _sha256_of_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(_canonical_cbor(obj)).digest()
+
+
+def _xxh3_of_pickle(obj: Any) -> bytes:
+    return _xxh3(_pickled(obj))
+
+
+def _xxh3_of_cbor(obj: Any) -> bytes:
+    return _xxh3(_canonical_cbor(obj))
+
+
+# The one list of algorithm names (traces, configs and the CLI read it here).
 HASH_FUNCTIONS: dict[str, HashFn] = {
-    "sha256": _sha256,
-    "sha256_cbor": _sha256_cbor,
-    "xxhash": _xxhash,
-    "xxhash_cbor": _xxhash_cbor,
+    "sha256": _sha256_of_pickle,
+    "sha256_cbor": _sha256_of_cbor,
+    "xxhash": _xxh3_of_pickle,
+    "xxhash_cbor": _xxh3_of_cbor,
 }
+# Whose NONE_HASH seed may be public: collisions cannot be precomputed.
 CRYPTOGRAPHIC = frozenset({"sha256", "sha256_cbor"})
-DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+_FIXED_SEED = "vllm-none-hash"
 
 
-def get_hash_fn(name: str) -> HashFn:
-    try:
-        return HASH_FUNCTIONS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown hash algorithm '{name}' (known: {', '.join(HASH_FUNCTIONS)})"
-        ) from None
+def get_hash_fn(algorithm: str | HashFn) -> HashFn:
+    """A named algorithm's function; a callable (the builtin `hash`, any
+    function of one argument) is taken as it is, as vLLM takes one."""
+    if callable(algorithm):
+        return algorithm
+    fn = HASH_FUNCTIONS.get(algorithm)
+    if fn is None:
+        known = ", ".join(HASH_FUNCTIONS)
+        raise ValueError(f"unknown hash algorithm '{algorithm}' (known: {known})")
+    return fn
 
 
-def none_hash(profile: VersionProfile, algorithm: str, seed: str | None) -> bytes:
-    """The parent hash of every request's first block.
+def none_hash(profile: VersionProfile, algorithm: str | HashFn, seed: str | None) -> Any:
+    """The parent of every request's first block.
 
-    `seed` plays the role of PYTHONHASHSEED. Without one, some versions and
-    algorithms draw a random seed: such hashes cannot be reproduced by anyone,
-    which is why traces always carry a seed.
+    `seed` stands for PYTHONHASHSEED. Without it the value may be random for
+    the life of the process (the profile says when), and hashes made with it
+    cannot be reproduced anywhere else; traces therefore carry a seed.
     """
-    hash_fn = get_hash_fn(algorithm)
+    fn = get_hash_fn(algorithm)
     if seed is not None:
-        return hash_fn(seed)
+        return fn(seed)
     if profile.none_hash_seed is NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO:
-        if algorithm in CRYPTOGRAPHIC:
-            return hash_fn(DEFAULT_NONE_HASH_SEED)
-        return hash_fn(os.urandom(32).hex())
+        secret = isinstance(algorithm, str) and algorithm not in CRYPTOGRAPHIC
+        return fn(os.urandom(32).hex() if secret else _FIXED_SEED)
     return os.urandom(32)
 
 
+# -- cache keys --------------------------------------------------------------
+
+_GROUP_ID_BYTES = 4
+
+
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
-    """The key of the cached-block map: the hash followed by a 4-byte group id."""
-    return block_hash + group_id.to_bytes(4, "big")
+    """The pool's key: a group's blocks of equal content are distinct entries."""
+    return block_hash + group_id.to_bytes(_GROUP_ID_BYTES, "big")
 
 
 def get_block_hash(key: bytes) -> bytes:
-    return key[:-4]
+    return key[:-_GROUP_ID_BYTES]
 
 
 def get_group_id(key: bytes) -> int:
-    return int.from_bytes(key[-4:], "big")
+    return int.from_bytes(key[-_GROUP_ID_BYTES:], "big")
+
+
+_LOW_64_BITS = (1 << 64) - 1
+
+
+def external_block_hash(block_hash: bytes, as_int: bool) -> bytes | int:
+    """A hash as KV events publish it: its low 64 bits (vLLM's default,
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) or the bytes themselves."""
+    return int.from_bytes(block_hash, "big") & _LOW_64_BITS if as_int else block_hash
+
+
+# -- extra keys ------------------------------------------------------------------
 
 
 def _embeds_digest(request: Request, start: int, end: int) -> bytes:
-    key = (start, end)
-    digest = request.embeds_digests.get(key)
+    memo = request.embeds_digests
+    digest = memo.get((start, end))
     if digest is None:
-        row = request.embeds_row_bytes
-        digest = hashlib.sha256(request.prompt_embeds[start * row : end * row]).digest()
-        request.embeds_digests[key] = digest
+        width = request.embeds_row_bytes
+        digest = hashlib.sha256(request.prompt_embeds[start * width:end * width]).digest()
+        memo[(start, end)] = digest
     return digest
+
+
+def _feature_end(feature) -> int:
+    return feature.offset + feature.length
 
 
 def block_extra_keys(
     request: Request, start: int, end: int, tagged: bool
 ) -> tuple[Any, ...] | None:
-    """Extra keys of the block covering tokens [start, end), or None.
-
-    Order matters (it is hashed): LoRA, multimodal features overlapping the block,
-    cache salt (first block only), prompt-embeds digest.
-    """
-    keys: list[Any] = []
-    lora = request.lora
-    if lora is not None:
-        keys.append(("lora", lora.name, lora.path) if tagged else lora.name)
-    feats = request.mm_features
-    if feats:
-        # First feature ending after `start`; features are sorted and disjoint.
-        i = bisect.bisect_right(feats, start, key=lambda f: f.offset + f.length)
-        while i < len(feats) and feats[i].offset < end:
-            f = feats[i]
-            keys.append(("mm", f.identifier, f.offset - start) if tagged else f.identifier)
+    """What besides the tokens tells the block [start, end) apart, in hash
+    order: LoRA adapter, overlapping multimodal items, salt (first block),
+    prompt-embedding digest. None when there is nothing."""
+    found: list[Any] = []
+    if request.lora is not None:
+        lora = request.lora
+        found.append(("lora", lora.name, lora.path) if tagged else lora.name)
+    features = request.mm_features
+    if features:
+        # Sorted and disjoint: skip those ending at or before `start`.
+        i = bisect_right(features, start, key=_feature_end)
+        while i < len(features) and features[i].offset < end:
+            item = features[i]
+            found.append(("mm", item.identifier, item.offset - start) if tagged
+                         else item.identifier)
             i += 1
     if start == 0 and request.cache_salt:
-        salt = request.cache_salt
-        keys.append(("cache_salt", salt) if tagged else salt)
+        found.append(("cache_salt", request.cache_salt) if tagged else request.cache_salt)
     if request.prompt_embeds is not None:
         digest = _embeds_digest(request, start, end)
-        keys.append(("prompt_embeds", digest) if tagged else digest)
-    return tuple(keys) if keys else None
+        found.append(("prompt_embeds", digest) if tagged else digest)
+    return tuple(found) if found else None
 
 
 def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-    """Extra keys as KV events publish them: untagged, mm as (identifier, offset)."""
+    """Extra keys in the shape KV events carry: never tagged; a multimodal
+    item as (identifier, offset)."""
     if keys is None:
         return None
-    out = []
-    for key in keys:
-        if isinstance(key, tuple):
-            out.append(key[1:] if key[0] == "mm" else key[1])
-        else:
-            out.append(key)
-    return tuple(out)
+    return tuple(
+        (k[1:] if k[0] == "mm" else k[1]) if type(k) is tuple else k for k in keys
+    )
+
+
+# -- a request's hashes ---------------------------------------------------------------
 
 
 class RequestBlockHasher:
-    """Computes the hashes of a request's newly completed blocks, incrementally.
-
-    vLLM: get_request_block_hasher. Called on arrival and after output tokens are
-    appended; only full `hash_block_size` blocks are hashed.
-    """
+    """Hashes the blocks a request's tokens have newly filled (vLLM builds the
+    same function with get_request_block_hasher). Called when the request
+    arrives and after tokens are appended; partial blocks wait."""
 
     __slots__ = ("hash_block_size", "hash_fn", "none_hash", "tagged")
 
-    def __init__(
-        self, hash_block_size: int, hash_fn: HashFn, none_hash: bytes, tagged: bool
-    ) -> None:
+    def __init__(self, hash_block_size: int, hash_fn: HashFn, none_hash: Any,
+                 tagged: bool) -> None:
         self.hash_block_size = hash_block_size
         self.hash_fn = hash_fn
         self.none_hash = none_hash
         self.tagged = tagged
 
-    def __call__(self, request: Request) -> list[bytes]:
+    def __call__(self, request: Request) -> list:
+        """The hashes of the full blocks after the last hashed one."""
         size = self.hash_block_size
-        hashes = request.block_hashes
-        start = len(hashes) * size
+        done = request.block_hashes
         tokens = request.all_token_ids
-        if start + size > len(tokens):
-            return []
-        hash_fn = self.hash_fn
-        # vLLM treats an empty parent like no parent ("if not parent").
-        parent = (hashes[-1] if hashes else None) or self.none_hash
-        plain = request.lora is None and not request.mm_features and (
-            request.prompt_embeds is None
-        ) and not request.cache_salt
-        new: list[bytes] = []
-        while start + size <= len(tokens):
-            end = start + size
-            extra = None if plain else block_extra_keys(request, start, end, self.tagged)
-            parent = hash_fn((parent, tuple(tokens[start:end]), extra))
-            new.append(parent)
-            start = end
-        return new
+        begin = len(done) * size
+        end = len(tokens)
+        fresh: list = []
+        if begin + size > end:
+            return fresh
+        fn = self.hash_fn
+        # A falsy previous hash counts as none (vLLM tests `if not parent`).
+        parent = (done[-1] if done else None) or self.none_hash
+        plain = (request.lora is None and not request.mm_features
+                 and request.prompt_embeds is None and not request.cache_salt)
+        while begin + size <= end:
+            stop = begin + size
+            keys = None if plain else block_extra_keys(request, begin, stop, self.tagged)
+            parent = fn((parent, tuple(tokens[begin:stop]), keys))
+            fresh.append(parent)
+            begin = stop
+        return fresh
 
-    def update(self, request: Request) -> list[bytes]:
-        """Append hashes of any newly full blocks to the request; return them."""
-        new = self(request)
-        if new:
-            request.block_hashes.extend(new)
-        return new
+    def update(self, request: Request) -> Sequence:
+        """Hash what is newly full, extend the request's list, return the new ones."""
+        if (len(request.block_hashes) + 1) * self.hash_block_size > len(request.all_token_ids):
+            return ()
+        fresh = self(request)
+        request.block_hashes.extend(fresh)
+        return fresh
+
+
+def get_request_block_hasher(
+    hash_block_size: int,
+    hash_fn: str | HashFn,
+    profile: VersionProfile,
+    seed: str | None = None,
+) -> RequestBlockHasher:
+    """vLLM's entry point by its name: a hasher for any algorithm name or
+    callable, with NONE_HASH derived from it as the profile says."""
+    fn = get_hash_fn(hash_fn)
+    return RequestBlockHasher(hash_block_size, fn, none_hash(profile, hash_fn, seed),
+                              profile.tagged_extra_keys)

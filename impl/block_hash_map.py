@@ -1,69 +1,111 @@
-"""Map from block hash (+ group id) to the cached block(s) carrying it.
+"""Which blocks a cache key finds (vLLM's name: BlockHashToBlockMap); specs §5.
 
-vLLM: BlockHashToBlockMap. Identical blocks are not de-duplicated when cached
-(block tables are append-only, so a block id, once handed out, never changes), so
-one key may map to several blocks: a lookup returns the first one cached.
-The value is a block, or a dict {block_id: block} only when there are several,
-which keeps the common case free of an inner dict.
+Equal content is not merged: a block id handed to a request stays in its
+block table, so two requests that filled identical blocks each keep their
+own, and both are findable under one key. A lookup returns the earliest.
+
+Storage: key -> block when one block has it (nearly always), key -> {id:
+block} when several do; the common case then costs no inner container.
 """
 
-from __future__ import annotations
+from collections.abc import Iterator
 
 from impl.block import KVCacheBlock
 
 
 class BlockHashToBlockMap:
-    __slots__ = ("_cache",)
+    # `_cache` keeps the name vLLM's own tests reach into.
+    __slots__ = ("_cache", "_entries")
 
     def __init__(self) -> None:
-        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self._cache: dict = {}
+        # (key, block) entries, kept so that a checker need not count them.
+        self._entries = 0
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
-        blocks = self._cache.get(key)
-        if blocks is None or blocks.__class__ is KVCacheBlock:
-            return blocks
-        return next(iter(blocks.values()))
+        found = self._cache.get(key)
+        if found is None or type(found) is KVCacheBlock:
+            return found
+        for block in found.values():
+            return block
+        return None
+
+    def prefix_run(self, block_hashes, suffix: bytes) -> list[KVCacheBlock]:
+        """For the hashes in order (each + suffix), the block get_one_block
+        would give, up to the first key with none: the cached prefix of a
+        chain of hashes. (The loop of every plain prefix lookup, kept here so
+        it reads the storage directly.)"""
+        store = self._cache
+        run = []
+        for block_hash in block_hashes:
+            found = store.get(block_hash + suffix)
+            if found is None:
+                break
+            if type(found) is not KVCacheBlock:
+                found = next(iter(found.values()))
+            run.append(found)
+        return run
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        blocks = self._cache.get(key)
-        if blocks is None:
+        found = self._cache.get(key)
+        if found is None:
             return False
-        if blocks.__class__ is KVCacheBlock:
-            return blocks.block_id == block_id
-        return block_id in blocks
+        if type(found) is KVCacheBlock:
+            return found.block_id == block_id
+        return block_id in found
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            self._cache[key] = block
-        elif blocks.__class__ is KVCacheBlock:
-            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+        store = self._cache
+        found = store.get(key)
+        if found is None:
+            store[key] = block
+        elif type(found) is KVCacheBlock:
+            if found is block:
+                return
+            store[key] = {found.block_id: found, block.block_id: block}
+        elif block.block_id in found:
+            found[block.block_id] = block
+            return
         else:
-            blocks[block.block_id] = block
+            found[block.block_id] = block
+        self._entries += 1
 
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
-        """Remove `block_id` under `key`; return it, or None if it was not there."""
-        blocks = self._cache.get(key)
-        if blocks is None:
+        """Take block `block_id` out from under `key`; None when it is not
+        there (other blocks under the key stay)."""
+        store = self._cache
+        found = store.get(key)
+        if found is None:
             return None
-        if blocks.__class__ is KVCacheBlock:
-            if blocks.block_id != block_id:
+        if type(found) is KVCacheBlock:
+            if found.block_id != block_id:
                 return None
-            del self._cache[key]
-            return blocks
-        block = blocks.pop(block_id, None)
-        if not blocks:
-            del self._cache[key]
+            del store[key]
+            self._entries -= 1
+            return found
+        block = found.pop(block_id, None)
+        if not found:
+            del store[key]
+        if block is not None:
+            self._entries -= 1
         return block
 
-    def items(self):
-        """(key, block) for every cached block; for the invariant checker."""
-        for key, blocks in self._cache.items():
-            if blocks.__class__ is KVCacheBlock:
-                yield key, blocks
+    def items(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
+        """Every (key, block) entry."""
+        for key, found in self._cache.items():
+            if type(found) is KVCacheBlock:
+                yield key, found
             else:
-                for block in blocks.values():
+                for block in found.values():
                     yield key, block
 
+    def clear(self) -> None:
+        self._cache.clear()
+        self._entries = 0
+
+    def num_entries(self) -> int:
+        return self._entries
+
     def __len__(self) -> int:
+        """The number of keys (vLLM's meaning), not of entries."""
         return len(self._cache)

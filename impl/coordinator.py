@@ -1,20 +1,17 @@
-"""Coordinators: fan one request's KV cache calls out to every group's manager.
+"""Coordinators: one request's calls, fanned out to every group's manager
+(vLLM's name: KVCacheCoordinator and its kinds); specs/KV_CACHE_MANAGER.md §10.
 
-vLLM: KVCacheCoordinator and its subclasses. All groups share one block pool.
-- no-prefix-cache: caching off, any number of groups (cross attention, Mamba
-  "none" mode and plain models alike);
-- unitary: one group; hits are whole blocks of that group;
-- hybrid: several groups; a hit is the longest prefix every group agrees on,
-  found by letting each kind cut the candidate length until none cuts it more.
+Every group draws from one block pool. Which coordinator a model gets:
+- prefix caching off, any number of groups: no lookups at all;
+- one group: its own lookup, hits in whole blocks;
+- several groups (hybrid): a hit is a prefix every group can serve, found by
+  letting each kind shorten the candidate until none does.
 
-Groups may have different block sizes: requests are hashed every
-`hash_block_size` tokens (their GCD), the scheduler works in multiples of
-`scheduler_block_size` (their LCM), and hits land on multiples of the latter,
-or of the hash block size when fine-grained hits are on (a Mamba "align" group
-with blocks larger than the hash block, 0.32).
+Groups may differ in block size: requests are hashed every `hash_block_size`
+tokens (the GCD), the scheduler works in `scheduler_block_size` (the LCM),
+and hybrid hits land on multiples of the latter, or of the hash block size
+when hits inside blocks are on (0.32, a Mamba "align" group).
 """
-
-from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,190 +19,154 @@ from dataclasses import dataclass
 from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
-from impl.managers import SingleTypeKVCacheManager, manager_class_for, max_admission_blocks_per_request
-from impl.managers.base import cdiv
+from impl.managers import (
+    SingleTypeKVCacheManager,
+    manager_class_for,
+    max_admission_blocks_per_request,
+)
+from impl.managers.base import BlockTable, CopyPair
 from impl.managers.cross_attention import CrossAttentionManager
+from impl.managers.full_attention import FullAttentionManager
+from impl.math_utils import cdiv
 from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
 
-BlocksPerGroup = tuple[Sequence[KVCacheBlock], ...]
+PerGroup = tuple[Sequence[KVCacheBlock], ...]
+_NO_HIT_BLOCKS: tuple = ()
 
 
 class KVCacheCoordinator:
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        profile: VersionProfile,
-        enable_caching: bool,
-        hash_block_size: int,
-        enable_kv_cache_events: bool = False,
-        events_use_int_hashes: bool = True,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        scheduler_block_size: int | None = None,
-        max_model_len: int = 1 << 30,
-        max_in_flight_tokens: int | None = None,
-    ) -> None:
-        self.kv_cache_config = kv_cache_config
-        self.profile = profile
-        self.hash_block_size = hash_block_size
-        self.dcp_world_size = dcp_world_size
-        self.block_pool = BlockPool(
-            kv_cache_config.num_blocks,
-            enable_caching,
-            hash_block_size,
-            profile,
-            enable_kv_cache_events=enable_kv_cache_events,
-            events_use_int_hashes=events_use_int_hashes,
-        )
-        groups = kv_cache_config.kv_cache_groups
+    def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
+                 enable_caching: bool, hash_block_size: int, *,
+                 enable_kv_cache_events: bool = False, events_use_int_hashes: bool = True,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1,
+                 scheduler_block_size: int | None = None, max_model_len: int = 1 << 30,
+                 max_in_flight_tokens: int | None = None) -> None:
+        self.kv_cache_config, self.profile = kv_cache_config, profile
+        self.hash_block_size, self.dcp_world_size = hash_block_size, dcp_world_size
+        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size,
+                                    enable_kv_cache_events, profile=profile,
+                                    events_use_int_hashes=events_use_int_hashes)
+        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
         self.scheduler_block_size = scheduler_block_size or (
-            groups[0].kv_cache_spec.block_size if groups else hash_block_size
-        )
+            specs[0].block_size if specs else hash_block_size)
         in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            manager_class_for(group.kv_cache_spec)(
-                group.kv_cache_spec,
-                self.block_pool,
-                enable_caching,
-                group_id,
-                self.scheduler_block_size,
-                dcp_world_size,
-                pcp_world_size,
-                max_admission_blocks_per_request(group.kv_cache_spec, in_flight, max_model_len),
-            )
-            for group_id, group in enumerate(groups)
-        )
-        self._is_cross = tuple(
-            isinstance(m, CrossAttentionManager) for m in self.single_type_managers
-        )
-        self._any_cross = any(self._is_cross)
+            manager_class_for(spec)(
+                spec, self.block_pool, enable_caching, group_id, self.scheduler_block_size,
+                dcp_world_size, pcp_world_size,
+                max_admission_blocks_per_request(spec, in_flight, max_model_len))
+            for group_id, spec in enumerate(specs))
+        # Cross-attention groups are sized by the encoder's tokens.
+        self._encoder_sized = tuple(isinstance(m, CrossAttentionManager)
+                                    for m in self.single_type_managers)
+        self._has_encoder_groups = any(self._encoder_sized)
+
+    # -- allocation ---------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        new_computed_blocks: BlocksPerGroup,
-        num_encoder_tokens: int,
-        total_computed_tokens: int,
-        num_local_computed_tokens: int,
-        num_tokens_main_model: int,
-        apply_admission_cap: bool = False,
-        prefill_end: int = 0,
-    ) -> int:
-        total = 0
-        for i, manager in enumerate(self.single_type_managers):
-            if self._is_cross[i]:
-                # One static allocation for the encoder tokens.
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_encoder_tokens, (), 0, 0, num_encoder_tokens,
-                    apply_admission_cap,
-                )
+            self, request_id: str, num_tokens: int, new_computed_blocks: PerGroup,
+            num_encoder_tokens: int, total_computed_tokens: int, num_local_computed_tokens: int,
+            num_tokens_main_model: int, apply_admission_cap: bool = False,
+            prefill_end: int = 0) -> int:
+        needed = 0
+        for manager, hit, encoder in zip(self.single_type_managers, new_computed_blocks,
+                                         self._encoder_sized):
+            if encoder:
+                # One allocation at admission, for the encoder output.
+                needed += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, _NO_HIT_BLOCKS, 0, 0,
+                    num_encoder_tokens, apply_admission_cap)
             else:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
+                needed += manager.get_num_blocks_to_allocate(
+                    request_id, num_tokens, hit, total_computed_tokens,
                     num_local_computed_tokens, num_tokens_main_model, apply_admission_cap,
-                    prefill_end,
-                )
-        return total
+                    prefill_end)
+        return needed
 
-    def allocate_new_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: BlocksPerGroup,
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
+    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: PerGroup,
+                                     num_local_computed_tokens: int,
+                                     num_external_computed_tokens: int) -> None:
+        """A new request takes its hit in every group, and blocks for the
+        tokens a connector will load; a running request takes nothing."""
         managers = self.single_type_managers
-        if any(request_id in m.num_cached_block for m in managers):
-            # Running requests get no new hits: nothing to adopt.
-            return
+        for manager in managers:
+            if request_id in manager.num_cached_block:
+                return
+        external = num_external_computed_tokens > 0
         if self.profile.external_blocks_order is ExternalBlocksOrder.AFTER_ALL_HITS:
-            # Touch every group's hits before any group allocates external
-            # blocks, so one group's allocation cannot evict another's hit.
-            for i, manager in enumerate(managers):
-                manager.add_local_computed_blocks(
-                    request_id, new_computed_blocks[i], num_local_computed_tokens,
-                    num_external_computed_tokens,
-                )
-            if num_external_computed_tokens > 0:
+            # Every hit is held before any group allocates, so one group's
+            # allocation cannot evict another group's hit.
+            for manager, hit in zip(managers, new_computed_blocks):
+                manager.add_local_computed_blocks(request_id, hit, num_local_computed_tokens,
+                                                  num_external_computed_tokens)
+            if external:
                 for manager in managers:
                     manager.allocate_external_computed_blocks(
-                        request_id, num_local_computed_tokens, num_external_computed_tokens
-                    )
+                        request_id, num_local_computed_tokens, num_external_computed_tokens)
             return
-        for i, manager in enumerate(managers):
-            manager.add_local_computed_blocks(
-                request_id, new_computed_blocks[i], num_local_computed_tokens,
-                num_external_computed_tokens,
-            )
-            if num_external_computed_tokens > 0:
+        for manager, hit in zip(managers, new_computed_blocks):
+            manager.add_local_computed_blocks(request_id, hit, num_local_computed_tokens,
+                                              num_external_computed_tokens)
+            if external:
                 manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
-                )
+                    request_id, num_local_computed_tokens, num_external_computed_tokens)
 
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_tokens_main_model: int,
-        num_encoder_tokens: int = 0,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        if not self._any_cross:
-            return tuple(
-                m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
-                for m in self.single_type_managers
-            )
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int,
+                            num_encoder_tokens: int = 0) -> tuple[BlockTable, ...]:
+        if not self._has_encoder_groups:
+            return tuple(manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+                         for manager in self.single_type_managers)
         return tuple(
-            m.allocate_new_blocks(
-                request_id, num_encoder_tokens if cross else num_tokens, num_tokens_main_model
-            )
-            for m, cross in zip(self.single_type_managers, self._is_cross)
-        )
+            manager.allocate_new_blocks(request_id, num_encoder_tokens if encoder else num_tokens,
+                                        num_tokens_main_model)
+            for manager, encoder in zip(self.single_type_managers, self._encoder_sized))
+
+    # -- keying and releasing ---------------------------------------------------------
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
-        """The prefix of the computed tokens this group may cache."""
+        """How many of the computed tokens this group may key."""
         return num_computed_tokens
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         for group_id, manager in enumerate(self.single_type_managers):
             if manager.enable_caching:
-                manager.cache_blocks(
-                    request, self.get_num_cacheable_tokens(num_computed_tokens, group_id)
-                )
+                manager.cache_blocks(request,
+                                     self.get_num_cacheable_tokens(num_computed_tokens, group_id))
+
+    def _each(self, method: str, *args) -> None:
+        """Call `method` with `args` on every group's manager."""
+        for manager in self.single_type_managers:
+            getattr(manager, method)(*args)
 
     def free(self, request_id: str) -> None:
-        for manager in self.single_type_managers:
-            manager.free(request_id)
+        self._each("free", request_id)
 
-    def remove_skipped_blocks(
-        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
-    ) -> None:
-        for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        self._each("remove_skipped_blocks", request_id, num_computed_tokens, num_prompt_tokens)
 
-    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(
-            m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers
-        )
+    def get_blocks(self, request_id: str) -> tuple[BlockTable, ...]:
+        return tuple(manager.req_to_blocks.get(request_id) or []
+                     for manager in self.single_type_managers)
 
-    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
-        pending: list[tuple[KVCacheBlock, KVCacheBlock]] = []
-        for manager in self.single_type_managers:
-            pending.extend(manager.take_pending_cow_copies())
-        return pending
+    def take_pending_cow_copies(self) -> list[CopyPair]:
+        return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
     def new_step_starts(self) -> None:
-        for manager in self.single_type_managers:
-            manager.new_step_starts()
+        self._each("new_step_starts")
 
-    def find_longest_cache_hit(
-        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
-    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+    def find_longest_cache_hit(self, block_hashes: Sequence, max_cache_hit_length: int
+                               ) -> tuple[tuple[BlockTable, ...], int]:
         raise NotImplementedError
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Prefix caching off: lookups find nothing, whatever the groups."""
+
     def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
                  hash_block_size: int, **kwargs) -> None:
         super().__init__(kv_cache_config, profile, False, hash_block_size, **kwargs)
@@ -215,48 +176,50 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    """One KV cache group; hits are whole blocks of that group."""
+    """One group: every call goes straight to its manager (the hot path of
+    every non-hybrid model)."""
 
     def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
                  enable_caching: bool, hash_block_size: int, **kwargs) -> None:
-        super().__init__(kv_cache_config, profile, enable_caching, hash_block_size,
-                         **kwargs)
-        (manager,) = self.single_type_managers
-        self.manager = manager
+        super().__init__(kv_cache_config, profile, enable_caching, hash_block_size, **kwargs)
+        (only,) = self.single_type_managers
+        self.manager = only
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.block_size = manager.block_size
-        if enable_caching and hash_block_size != self.block_size:
-            raise ValueError(
-                f"a single group needs hash_block_size ({hash_block_size}) == "
-                f"block_size ({self.block_size})"
-            )
+        self.block_size = only.block_size
+        if enable_caching and only.block_size != hash_block_size:
+            raise ValueError(f"one group is hashed at its own block size; got hash blocks of "
+                             f"{hash_block_size} for blocks of {only.block_size}")
+        # Plain full attention: the lookup is one scan of the map.
+        self._scan = isinstance(only, FullAttentionManager)
 
-    # One group: call its manager directly instead of fanning out (hot path).
-
-    def get_num_blocks_to_allocate(
-        self, request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-        total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
-        apply_admission_cap=False, prefill_end=0,
-    ) -> int:
-        if self._any_cross:
+    def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
+                                   num_encoder_tokens, total_computed_tokens,
+                                   num_local_computed_tokens, num_tokens_main_model,
+                                   apply_admission_cap=False, prefill_end=0) -> int:
+        if self._has_encoder_groups:
             return super().get_num_blocks_to_allocate(
                 request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
                 total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
-                apply_admission_cap, prefill_end,
-            )
+                apply_admission_cap, prefill_end)
         return self.manager.get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks[0], total_computed_tokens,
-            num_local_computed_tokens, num_tokens_main_model, apply_admission_cap,
-            prefill_end,
-        )
+            num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end)
+
+    def allocate_new_computed_blocks(self, request_id, new_computed_blocks,
+                                     num_local_computed_tokens, num_external_computed_tokens):
+        only = self.manager
+        if request_id in only.num_cached_block:
+            return
+        only.add_local_computed_blocks(request_id, new_computed_blocks[0],
+                                       num_local_computed_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens > 0:
+            only.allocate_external_computed_blocks(request_id, num_local_computed_tokens,
+                                                   num_external_computed_tokens)
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model,
                             num_encoder_tokens=0):
-        if self._any_cross:
-            return (self.manager.allocate_new_blocks(
-                request_id, num_encoder_tokens, num_tokens_main_model),)
-        return (self.manager.allocate_new_blocks(request_id, num_tokens,
-                                                 num_tokens_main_model),)
+        tokens = num_encoder_tokens if self._has_encoder_groups else num_tokens
+        return (self.manager.allocate_new_blocks(request_id, tokens, num_tokens_main_model),)
 
     def cache_blocks(self, request, num_computed_tokens) -> None:
         if self.manager.enable_caching:
@@ -264,26 +227,23 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens,
                               num_prompt_tokens=None) -> None:
-        self.manager.remove_skipped_blocks(request_id, num_computed_tokens,
-                                           num_prompt_tokens)
+        self.manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        manager = self.manager
-        return manager.find_longest_cache_hit(
-            block_hashes,
-            max_cache_hit_length,
-            (0,),
-            self.block_pool,
-            self.kv_cache_spec,
-            self.block_size,
-            self.block_size,
-            manager.dcp_world_size,
-        )
+        only = self.manager
+        if self._scan:
+            size = self.block_size
+            run = self.block_pool.cached_block_hash_to_block.prefix_run(
+                block_hashes[:max_cache_hit_length // size], b"\0\0\0\0")  # group 0
+            return (run,), len(run) * size
+        return only.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, (0,), self.block_pool, self.kv_cache_spec,
+            self.block_size, only.dcp_world_size, only.pcp_world_size)
 
 
 @dataclass(slots=True)
 class SpecGroup:
-    """Groups with equal specs, looked up together in one pass."""
+    """Groups of one spec and manager kind: looked up in one pass."""
 
     spec: KVCacheSpec
     group_ids: list[int]
@@ -296,131 +256,109 @@ def partial_hash_hits_enabled(
     hash_block_size: int,
     dcp_world_size: int,
 ) -> bool:
-    """Whether hits may end inside blocks: a Mamba "align" group with blocks
-    larger than the hash block, and every other cacheable group able to look
-    up at hash granularity (or already at it)."""
-    if not any(
-        isinstance(s, MambaSpec) and s.mamba_cache_mode == "align" and (
-            s.block_size > hash_block_size if dcp_world_size == 1
-            else s.block_size >= hash_block_size
-        )
-        for s in specs
-    ):
-        return False
-    for spec, cls in zip(specs, manager_classes):
-        dcp_block = spec.block_size * (dcp_world_size if spec.dcp_sharded else 1)
-        if (spec.prefix_cacheable and not cls.supports_fine_grained_hash_lookup
-                and dcp_block != hash_block_size):
+    """Whether hits may end inside blocks: some Mamba "align" group's block
+    is larger than the hash block (or not smaller, under DCP), and every
+    other cacheable group can look up at hash granularity or is at it."""
+    def mamba_wider(spec) -> bool:
+        if not (isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"):
             return False
-    return True
+        if dcp_world_size == 1:
+            return spec.block_size > hash_block_size
+        return spec.block_size >= hash_block_size
+
+    if not any(mamba_wider(spec) for spec in specs):
+        return False
+    return all(
+        not spec.prefix_cacheable or cls.supports_fine_grained_hash_lookup
+        or spec.block_size * (dcp_world_size if spec.dcp_sharded else 1) == hash_block_size
+        for spec, cls in zip(specs, manager_classes))
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
                  enable_caching: bool, hash_block_size: int, **kwargs) -> None:
-        super().__init__(kv_cache_config, profile, enable_caching, hash_block_size,
-                         **kwargs)
-        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        for spec, manager in zip(specs, self.single_type_managers):
+        super().__init__(kv_cache_config, profile, enable_caching, hash_block_size, **kwargs)
+        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+        managers = self.single_type_managers
+        for spec, manager in zip(specs, managers):
             if spec.prefix_cacheable and manager.block_size % hash_block_size:
-                raise ValueError(
-                    f"every group's block size must be a multiple of hash_block_size "
-                    f"({hash_block_size}); got {manager.block_size}"
-                )
-        self.enable_partial_hash_hits = profile.partial_block_hits and (
-            partial_hash_hits_enabled(
-                specs, [type(m) for m in self.single_type_managers], hash_block_size,
-                self.dcp_world_size,
-            )
-        )
-        self.alignment_tokens = (
-            hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
-        )
-        for manager in self.single_type_managers:
+                raise ValueError(f"a {manager.block_size}-token block is not a whole number "
+                                 f"of {hash_block_size}-token hash blocks")
+        self.enable_partial_hash_hits = profile.partial_block_hits and partial_hash_hits_enabled(
+            specs, [type(m) for m in managers], hash_block_size, self.dcp_world_size)
+        self.alignment_tokens = (hash_block_size if self.enable_partial_hash_hits
+                                 else self.scheduler_block_size)
+        for manager in managers:
             manager.cache_hit_alignment_tokens = self.alignment_tokens
-        self.attention_groups = self._split_into_spec_groups(specs)
+        self.attention_groups = self._spec_groups(specs)
+        self._caches_aligned = (profile.hybrid_caches_scheduler_aligned
+                                and not self.enable_partial_hash_hits)
 
-    def _split_into_spec_groups(self, specs: list[KVCacheSpec]) -> list[SpecGroup]:
-        groups: list[SpecGroup] = []
-        for i, spec in enumerate(specs):
+    def _spec_groups(self, specs: list[KVCacheSpec]) -> list[SpecGroup]:
+        batches: list[SpecGroup] = []
+        for group_id, spec in enumerate(specs):
             if not spec.prefix_cacheable:
                 continue
-            cls = type(self.single_type_managers[i])
-            for group in groups:
-                if group.spec == spec and group.manager_cls is cls:
-                    group.group_ids.append(i)
-                    break
+            cls = type(self.single_type_managers[group_id])
+            same = next((b for b in batches if b.manager_cls is cls and b.spec == spec), None)
+            if same is None:
+                batches.append(SpecGroup(spec, [group_id], cls))
             else:
-                groups.append(SpecGroup(spec, [i], cls))
-        # Full attention first: its left-to-right scan bounds the others.
-        groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
-        return groups
+                same.group_ids.append(group_id)
+        # Full attention first: its scan from the left bounds everyone else's.
+        batches.sort(key=lambda b: not isinstance(b.spec, FullAttentionSpec))
+        return batches
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
-        # Hits land on aligned boundaries only, so caching beyond the last one
-        # would be wasted (0.32).
-        if self.enable_partial_hash_hits or not self.profile.hybrid_caches_scheduler_aligned:
+        if not self._caches_aligned:
             return num_computed_tokens
-        return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        # Hits land on scheduler-block boundaries only: keying beyond the
+        # last one would never be used.
+        return num_computed_tokens - num_computed_tokens % self.scheduler_block_size
 
-    def find_longest_cache_hit(
-        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
-    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        num_groups = len(self.single_type_managers)
-        hit_length = max_cache_hit_length
-        hit_blocks: list[list[KVCacheBlock] | None] = [None] * num_groups
-        hit_lengths = [0] * num_groups
-        # One full-attention kind plus one other converge in one pass.
-        simple = len(self.attention_groups) == 2 and isinstance(
-            self.attention_groups[0].spec, FullAttentionSpec
-        )
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         managers = self.single_type_managers
+        found: list[list | None] = [None] * len(managers)
+        lengths = [0] * len(managers)
+        batches = self.attention_groups
+        # One full-attention kind plus one other agree after a single pass.
+        one_pass = len(batches) == 2 and isinstance(batches[0].spec, FullAttentionSpec)
+        agreed = max_cache_hit_length
         while True:
-            curr = hit_length
-            for group in self.attention_groups:
-                first = group.group_ids[0]
-                manager = managers[first]
-                if isinstance(group.spec, FullAttentionSpec) and hit_blocks[first] is not None:
-                    # Full attention is downward-closed: trim, do not look up again.
-                    curr = min(curr, hit_lengths[first])
+            candidate = agreed
+            for batch in batches:
+                lead = batch.group_ids[0]
+                if isinstance(batch.spec, FullAttentionSpec) and found[lead] is not None:
+                    # A full-attention hit holds for every shorter length:
+                    # trim it later rather than look it up again.
+                    candidate = min(candidate, lengths[lead])
                     continue
-                blocks, curr = group.manager_cls.find_longest_cache_hit(
-                    block_hashes, curr, group.group_ids, self.block_pool, group.spec,
-                    self.alignment_tokens, manager.block_size, manager.dcp_world_size,
-                )
-                for group_id, group_blocks in zip(group.group_ids, blocks):
-                    hit_blocks[group_id] = group_blocks
-                    hit_lengths[group_id] = curr
-            if curr >= hit_length:
+                manager = managers[lead]
+                blocks, candidate = batch.manager_cls.find_longest_cache_hit(
+                    block_hashes, candidate, batch.group_ids, self.block_pool, batch.spec,
+                    self.alignment_tokens, manager.dcp_world_size, manager.pcp_world_size)
+                for group_id, group_blocks in zip(batch.group_ids, blocks):
+                    found[group_id] = group_blocks
+                    lengths[group_id] = candidate
+            if candidate >= agreed or one_pass:
+                agreed = min(agreed, candidate)
                 break
-            hit_length = curr
-            if simple:
-                break
-        for group in self.attention_groups:
-            if not isinstance(group.spec, FullAttentionSpec):
-                continue
-            num_blocks = cdiv(hit_length, managers[group.group_ids[0]].block_size)
-            for group_id in group.group_ids:
-                if hit_blocks[group_id] is not None:
-                    del hit_blocks[group_id][num_blocks:]
-        return tuple(b if b is not None else [] for b in hit_blocks), hit_length
+            agreed = candidate
+        for batch in batches:
+            if isinstance(batch.spec, FullAttentionSpec):
+                keep = cdiv(agreed, managers[batch.group_ids[0]].block_size)
+                for group_id in batch.group_ids:
+                    if found[group_id] is not None:
+                        del found[group_id][keep:]
+        return tuple([] if blocks is None else blocks for blocks in found), agreed
 
 
-def get_kv_cache_coordinator(
-    kv_cache_config: KVCacheConfig,
-    profile: VersionProfile,
-    enable_caching: bool,
-    hash_block_size: int,
-    **kwargs,
-) -> KVCacheCoordinator:
+def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, profile: VersionProfile,
+                             enable_caching: bool, hash_block_size: int,
+                             **kwargs) -> KVCacheCoordinator:
     if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, profile, hash_block_size, **kwargs
-        )
+        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, profile, hash_block_size, **kwargs)
     if len(kv_cache_config.kv_cache_groups) == 1:
-        return UnitaryKVCacheCoordinator(
-            kv_cache_config, profile, enable_caching, hash_block_size, **kwargs
-        )
-    return HybridKVCacheCoordinator(
-        kv_cache_config, profile, enable_caching, hash_block_size, **kwargs
-    )
+        return UnitaryKVCacheCoordinator(kv_cache_config, profile, True, hash_block_size,
+                                         **kwargs)
+    return HybridKVCacheCoordinator(kv_cache_config, profile, True, hash_block_size, **kwargs)

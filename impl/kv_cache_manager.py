@@ -1,288 +1,246 @@
-"""The KV cache manager the scheduler talks to (vLLM: KVCacheManager).
+"""What the scheduler talks to (vLLM's name: KVCacheManager); specs/KV_CACHE_MANAGER.md §11.
 
-A facade over the coordinator: prefix lookup (`get_computed_blocks`), slot
-allocation (`allocate_slots`), release, caching, reset, stats and events.
+A facade over the coordinator: the prefix lookup, slot allocation, release,
+keying, reset, hit statistics, KV events and pending block copies.
 """
-
-from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from impl.block import KVCacheBlock
-from impl.coordinator import get_kv_cache_coordinator
+from impl.coordinator import PerGroup, get_kv_cache_coordinator
 from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
+from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
 
+_NEEDS_WATERMARK = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Block ids per group: what the scheduler writes into its block tables.
+GroupIds = tuple[list[int], ...]
+
 
 @dataclass(slots=True)
 class KVCacheBlocks:
-    """Blocks per KV cache group: what the scheduler receives."""
+    """Blocks per KV cache group, as the scheduler gets them."""
 
-    blocks: tuple[Sequence[KVCacheBlock], ...]
+    blocks: PerGroup
 
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return tuple([b.block_id for b in group] for group in self.blocks)
+    def get_block_ids(self) -> GroupIds:
+        return tuple([block.block_id for block in group] for group in self.blocks)
 
 
+@dataclass(eq=False)
 class KVCacheManager:
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        max_model_len: int,
-        hash_block_size: int,
-        profile: VersionProfile,
-        enable_caching: bool = True,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        events_use_int_hashes: bool = True,
-        watermark: float = 0.0,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        scheduler_block_size: int | None = None,
-        max_in_flight_tokens: int | None = None,
-    ) -> None:
-        self.kv_cache_config = kv_cache_config
-        self.max_model_len = max_model_len
-        self.profile = profile
-        self.enable_caching = enable_caching
-        self.log_stats = log_stats
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
-        self.coordinator = get_kv_cache_coordinator(
-            kv_cache_config,
-            profile,
-            enable_caching,
-            hash_block_size,
-            enable_kv_cache_events=enable_kv_cache_events,
-            events_use_int_hashes=events_use_int_hashes,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            scheduler_block_size=scheduler_block_size,
-            max_model_len=max_model_len,
-            max_in_flight_tokens=max_in_flight_tokens,
-        )
-        self.block_pool = self.coordinator.block_pool
-        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.empty_kv_cache_blocks = KVCacheBlocks(
-            tuple(() for _ in range(self.num_kv_cache_groups))
-        )
-        # Group metadata BlockStored events carry (kind, sliding window).
-        self._event_group_metadata = tuple(
-            (g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
-            for g in kv_cache_config.kv_cache_groups
-        )
-        self._record_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
-        # The one manager of a single full-attention group: running requests
-        # then take a short path in allocate_slots.
-        managers = self.coordinator.single_type_managers
-        self._single = (
-            managers[0]
-            if len(managers) == 1 and isinstance(managers[0], FullAttentionManager)
-            and managers[0].block_size == hash_block_size
-            else None
-        )
+    kv_cache_config: KVCacheConfig
+    max_model_len: int
+    hash_block_size: int
+    profile: VersionProfile
+    enable_caching: bool = True
+    log_stats: bool = False
+    enable_kv_cache_events: bool = False
+    # KV events carry 64-bit int hashes (vLLM's default) or the raw bytes.
+    events_use_int_hashes: bool = True
+    # Blocks kept free when admitting a waiting request, as a pool fraction.
+    watermark: float = 0.0
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
+    scheduler_block_size: int | None = None
+    # Tokens that may be scheduled but not settled (caps windowed admission);
+    # None: max_model_len.
+    max_in_flight_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        config, profile = self.kv_cache_config, self.profile
+        self.prefix_cache_stats = PrefixCacheStats() if self.log_stats else None
+        coordinator = self.coordinator = get_kv_cache_coordinator(
+            config, profile, self.enable_caching, self.hash_block_size,
+            enable_kv_cache_events=self.enable_kv_cache_events,
+            events_use_int_hashes=self.events_use_int_hashes,
+            dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size,
+            scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
+            max_in_flight_tokens=self.max_in_flight_tokens)
+        self.block_pool = coordinator.block_pool
+        groups = config.kv_cache_groups
+        self.num_kv_cache_groups = len(groups)
+        self.watermark_blocks = int(self.watermark * config.num_blocks)
+        # One shared "nothing" answer, so no-block answers allocate nothing.
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
+        # What BlockStored events say about their group (0.32).
+        self._group_labels = tuple((g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
+                                   for g in groups)
+        self._count_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
+        self._adopt_without_new = profile.allocate_adopts_hit_without_new_tokens
+        # A single full-attention group hashed at its block size: running
+        # requests then take the short path of allocate_slots.
+        managers = coordinator.single_type_managers
+        only = managers[0] if len(managers) == 1 else None
+        self._plain = (only if isinstance(only, FullAttentionManager)
+                       and only.block_size == self.hash_block_size else None)
+        # Its running requests (num_cached_block), looked up on every call.
+        self._plain_running = None if self._plain is None else self._plain.num_cached_block
+        # Only some kinds act when a step starts (Mamba).
+        self._step_hooks = tuple(
+            m.new_step_starts for m in managers
+            if type(m).new_step_starts is not SingleTypeKVCacheManager.new_step_starts)
 
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
-    # -- stats ------------------------------------------------------------------
+    # -- hit statistics ---------------------------------------------------------
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Snapshot and reset the stats (None when stats are off)."""
+        """The counters since the last call, and fresh ones (None: stats off)."""
         if not self.log_stats:
             return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
+        taken, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return taken
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        """Count an admitted request's lookup (the scheduler calls this, 0.32+)."""
-        if not self.log_stats or not self._lookup_enabled(request):
-            return
-        self.prefix_cache_stats.record(
-            request.num_tokens, num_hits, request.num_preemptions > 0
-        )
-
-    def _lookup_enabled(self, request: Request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        """Count an admitted request's lookup (the scheduler's call, 0.32)."""
+        if self.log_stats and self.prefix_cache_lookup_enabled(request):
+            self.prefix_cache_stats.record(request.num_tokens, num_hits,
+                                           request.num_preemptions > 0)
 
     # -- lookup -------------------------------------------------------------------
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
-        """The longest cached prefix of the request, in whole blocks.
-
-        Never the whole prompt: the last token is always recomputed to get its
-        logits, so at most num_tokens - 1 tokens can hit.
-        """
-        if not self._lookup_enabled(request):
+        """The request's longest cached prefix. Never all of it: the last
+        token is computed again for its logits."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, request.num_tokens - 1
-        )
-        if self._record_at_lookup and self.log_stats:
-            self.prefix_cache_stats.record(
-                request.num_tokens, num_hit_tokens, request.num_preemptions > 0
-            )
-        return self._blocks(blocks), num_hit_tokens
+        num_tokens = len(request.all_token_ids)
+        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                              num_tokens - 1)
+        if self._count_at_lookup and self.log_stats:
+            self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
+        return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
 
-    # -- allocation -------------------------------------------------------------------
+    # -- allocation --------------------------------------------------------------------
 
     def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-    ) -> KVCacheBlocks | None:
-        """Give the request slots for its computed prefix plus `num_new_tokens`
-        (+ lookahead); None, changing nothing, if the pool cannot hold them.
+            self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+            new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+            num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+            num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
+            reserved_blocks: int = 0, has_scheduled_reqs: bool = True) -> KVCacheBlocks | None:
+        """Slots for the request's computed prefix plus `num_new_tokens` (and
+        lookahead). None, with nothing taken, when the pool cannot give them.
 
-        Layout of the request's tokens:
-          | computed | new hit | external | new | lookahead |
-        The hit blocks are adopted (touched), blocks for external/new/lookahead
-        tokens are allocated, and the blocks that the computed prefix plus the
-        new tokens fill are cached (unless caching is delayed for a KV load).
+        The request's tokens, left to right: already computed | prefix hit |
+        loaded by a connector | new | lookahead. The hit is taken, blocks
+        are found for the rest, and the blocks the final tokens fill are keyed
+        (unless a connector is still loading them).
         """
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
-            num_new_computed_tokens == 0
-            or not self.profile.allocate_adopts_hit_without_new_tokens
-        ):
-            raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no "
-                "computed tokens to adopt"
-            )
+        if not (num_new_tokens or num_external_computed_tokens
+                or (num_new_computed_tokens and self._adopt_without_new)):
+            raise ValueError("an allocation must add tokens: num_new_tokens is 0 and "
+                             "there is nothing to take over")
+        running = self._plain_running
         request_id = request.request_id
-        single = self._single
-        if (
-            single is not None
-            and new_computed_blocks is None
-            and not num_external_computed_tokens
-            and not full_sequence_must_fit
-            and request_id in single.num_cached_block
-            and (not self.watermark_blocks or request.status is RequestStatus.RUNNING)
-        ):
-            return self._allocate_running(
-                single, request, num_new_tokens, num_lookahead_tokens,
-                delay_cache_blocks, reserved_blocks,
-            )
-        new_computed = (
-            new_computed_blocks.blocks
-            if new_computed_blocks is not None
-            else self.empty_kv_cache_blocks.blocks
-        )
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(
-            num_local_computed + num_external_computed_tokens, self.max_model_len
-        )
-        watermark = 0
-        if has_scheduled_reqs and request.status in (
-            RequestStatus.WAITING,
-            RequestStatus.PREEMPTED,
-        ):
-            watermark = self.watermark_blocks
-        coordinator = self.coordinator
-        free = self.block_pool.free_block_queue
-        # Where the request's prefill ends (a resumed request replays its
-        # output tokens too): Mamba checkpoints key on it.
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            need = coordinator.get_num_blocks_to_allocate(
-                request_id, full, new_computed, num_encoder_tokens, total_computed,
-                num_local_computed, full, apply_admission_cap=True, prefill_end=prefill_end,
-            )
-            if need + watermark > free.num_free_blocks:
+        if (running is None or request_id not in running or new_computed_blocks is not None
+                or num_external_computed_tokens or full_sequence_must_fit
+                or (self.watermark_blocks and request.status is not RequestStatus.RUNNING)):
+            return self._allocate(request, num_new_tokens, num_new_computed_tokens,
+                                  new_computed_blocks, num_lookahead_tokens,
+                                  num_external_computed_tokens, delay_cache_blocks,
+                                  num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                                  has_scheduled_reqs)
+        # A running request of a single full-attention group (every decode
+        # step of every request): no hit to take, nothing skipped, no
+        # watermark, so the general path's fan-out is left out.
+        plain = self._plain
+        limit = self.max_model_len
+        computed = request.num_computed_tokens
+        if computed > limit:
+            computed = limit
+        slots = computed + num_new_tokens + num_lookahead_tokens
+        if slots > limit:
+            slots = limit
+        table = plain.req_to_blocks[request_id]
+        size = plain.block_size
+        missing = -(-slots // size) - len(table)  # cdiv, written out: hot path
+        pool = self.block_pool
+        fresh = None
+        if missing > 0:
+            if missing > pool.free_block_queue.num_free_blocks - reserved_blocks:
                 return None
-
-        num_tokens_main_model = total_computed + num_new_tokens
-        num_tokens_need_slot = min(
-            num_tokens_main_model + num_lookahead_tokens, self.max_model_len
-        )
-        # Free what the window no longer reads before counting, so those blocks
-        # can serve this allocation (done even if the allocation is refused).
-        coordinator.remove_skipped_blocks(
-            request_id, max(0, total_computed - request.num_in_flight_tokens),
-            request.num_prompt_tokens,
-        )
-        need = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, new_computed, num_encoder_tokens,
-            num_local_computed + num_external_computed_tokens, num_local_computed,
-            num_tokens_main_model, prefill_end=prefill_end,
-        )
-        if need + watermark > free.num_free_blocks - reserved_blocks:
-            return None
-
-        if new_computed is not self.empty_kv_cache_blocks.blocks or (
-            num_external_computed_tokens > 0
-        ):
-            coordinator.allocate_new_computed_blocks(
-                request_id,
-                new_computed,
-                num_local_computed,
-                num_external_computed_tokens,
-            )
-        new_blocks = coordinator.allocate_new_blocks(
-            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
-        )
-        if delay_cache_blocks or not self.enable_caching:
-            return self._blocks(new_blocks)
-        # Cache only finalized tokens: lookahead/draft tokens may be rejected.
-        coordinator.cache_blocks(
-            request, min(total_computed + num_new_tokens, request.num_tokens)
-        )
-        return self._blocks(new_blocks)
-
-    def _allocate_running(
-        self,
-        manager,
-        request: Request,
-        num_new_tokens: int,
-        num_lookahead_tokens: int,
-        delay_cache_blocks: bool,
-        reserved_blocks: int,
-    ) -> KVCacheBlocks | None:
-        """allocate_slots for a running request of one full-attention group: no
-        hit to adopt, nothing skipped, no watermark; the same outcome as the
-        general path with its fan-out and bookkeeping left out (hot: every decode
-        step of every request comes here)."""
-        total_computed = min(request.num_computed_tokens, self.max_model_len)
-        num_tokens = min(
-            total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len
-        )
-        blocks = manager.req_to_blocks[request.request_id]
-        num_new = -(-num_tokens // manager.block_size) - len(blocks)
-        new: list[KVCacheBlock] = []
-        if num_new > 0:
-            pool = self.block_pool
-            if num_new > pool.free_block_queue.num_free_blocks - reserved_blocks:
-                return None
-            new = pool.get_new_blocks(num_new)
-            blocks.extend(new)
-        elif reserved_blocks and self.block_pool.free_block_queue.num_free_blocks < reserved_blocks:
+            fresh = pool.get_new_blocks(missing)
+            table += fresh
+        elif reserved_blocks and pool.free_block_queue.num_free_blocks < reserved_blocks:
             return None
         if not delay_cache_blocks and self.enable_caching:
-            manager.cache_blocks(
-                request, min(total_computed + num_new_tokens, len(request.all_token_ids))
-            )
-        return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
+            final = computed + num_new_tokens
+            total = len(request.all_token_ids)
+            if final > total:
+                final = total
+            # Blocks filled since the last call are keyed (plain.cache_blocks).
+            if final // size > running[request_id]:
+                plain.cache_blocks(request, final)
+        if fresh is None:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((fresh,))
 
-    def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+    def _allocate(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                  num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                  num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                  has_scheduled_reqs) -> KVCacheBlocks | None:
+        request_id = request.request_id
+        coord = self.coordinator
+        no_hit = self.empty_kv_cache_blocks.blocks
+        hit = no_hit if new_computed_blocks is None else new_computed_blocks.blocks
+        local = request.num_computed_tokens + num_new_computed_tokens
+        with_external = local + num_external_computed_tokens
+        computed = min(with_external, self.max_model_len)
+        headroom = 0
+        if has_scheduled_reqs and request.status in _NEEDS_WATERMARK:
+            headroom = self.watermark_blocks
+        # Where the prefill ends (a resumed request recomputes its output too).
+        num_tokens = len(request.all_token_ids)
+        prefill_end = max(request.num_prompt_tokens, num_tokens - 1)
+        free = self.block_pool.free_block_queue
+        if full_sequence_must_fit:
+            whole = min(num_tokens, self.max_model_len)
+            needed = coord.get_num_blocks_to_allocate(
+                request_id, whole, hit, num_encoder_tokens, computed, local, whole,
+                apply_admission_cap=True, prefill_end=prefill_end)
+            if needed + headroom > free.num_free_blocks:
+                return None
+        main_model = computed + num_new_tokens
+        slots = min(main_model + num_lookahead_tokens, self.max_model_len)
+        # Give back what the window has left first, so it can serve this
+        # allocation; done even when the allocation is then refused.
+        coord.remove_skipped_blocks(
+            request_id, max(0, computed - request.num_in_flight_tokens),
+            request.num_prompt_tokens)
+        needed = coord.get_num_blocks_to_allocate(
+            request_id, slots, hit, num_encoder_tokens, with_external, local, main_model,
+            prefill_end=prefill_end)
+        if needed + headroom > free.num_free_blocks - reserved_blocks:
+            return None
+        if hit is not no_hit or num_external_computed_tokens > 0:
+            coord.allocate_new_computed_blocks(request_id, hit, local,
+                                                     num_external_computed_tokens)
+        fresh = coord.allocate_new_blocks(request_id, slots, main_model,
+                                                num_encoder_tokens)
+        if not delay_cache_blocks and self.enable_caching:
+            # Lookahead (draft) tokens may be rejected: only final ones are keyed.
+            coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
+        return self._answer(fresh)
 
-    # -- release and cache control ---------------------------------------------------
+    def _answer(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        for group in blocks:
+            if group:
+                return KVCacheBlocks(blocks)
+        return self.empty_kv_cache_blocks
+
+    # -- release and cache control --------------------------------------------------------
 
     def free(self, request: Request) -> None:
         self.coordinator.free(request.request_id)
@@ -295,38 +253,39 @@ class KVCacheManager:
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
-        if not self.coordinator.reset_prefix_cache():
-            return False
-        if self.log_stats:
+        done = self.coordinator.reset_prefix_cache()
+        if done and self.log_stats:
             self.prefix_cache_stats.reset = True
-        return True
+        return done
 
     def new_step_starts(self) -> None:
-        self.coordinator.new_step_starts()
+        for hook in self._step_hooks:
+            hook()
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
-        """Drain the pending copy-on-write copies: (source id, copy id) pairs
-        and the blocks they keep referenced, source and copy of each pair in
-        turn. The scheduler frees those once the copies have run."""
-        pending = self.coordinator.take_pending_cow_copies()
-        copies = [(src.block_id, dst.block_id) for src, dst in pending]
-        return copies, [block for pair in pending for block in pair]
+        """The copy-on-write copies due: (source id, copy id) pairs, and the
+        blocks they keep held (source and copy of each pair), which the
+        scheduler releases once the copies have run."""
+        pairs = self.coordinator.take_pending_cow_copies()
+        held = []
+        for source, copy in pairs:
+            held += (source, copy)
+        return [(source.block_id, copy.block_id) for source, copy in pairs], held
 
-    # -- views ---------------------------------------------------------------------
+    # -- reading ------------------------------------------------------------------------------
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self._blocks(self.coordinator.get_blocks(request_id))
+        return self._answer(self.coordinator.get_blocks(request_id))
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: str) -> GroupIds:
         return self.get_blocks(request_id).get_block_ids()
 
     def take_events(self) -> list[KVCacheEvent]:
-        events = self.block_pool.take_events()
+        drained = self.block_pool.take_events()
         if self.profile.kv_events_carry_group:
-            meta = self._event_group_metadata
-            for event in events:
-                if isinstance(event, BlockStored) and event.group_idx is not None:
-                    event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[
-                        event.group_idx
-                    ]
-        return events
+            labels = self._group_labels
+            for event in drained:
+                if type(event) is BlockStored and event.group_idx is not None:
+                    event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                        labels[event.group_idx])
+        return drained

@@ -40,20 +40,8 @@ from impl.kv_cache_spec import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from impl.math_utils import cdiv
 from impl.profiles import BlockSizesRule, KVCacheTensorPlan
-
-DTYPE_SIZES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
-}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(x: int, multiple: int) -> int:
-    return cdiv(x, multiple) * multiple
-
 
 # -- 1. pages ------------------------------------------------------------------------
 
@@ -132,9 +120,8 @@ def resolve_kv_cache_block_sizes(
         bs = specs[0].block_size * dcp if specs else 0
         if prefix_match_unit not in (None, bs) and specs and (enable_caching or kv_connector):
             raise ValueError(
-                f"Invalid prefix_match_unit={prefix_match_unit}; with a single KV cache "
-                f"group, prefix-cache hits land on the block size ({bs})."
-            )
+                f"prefix_match_unit={prefix_match_unit} cannot apply: a model with one KV "
+                f"cache group is hashed (and hit) per {bs}-token block")
         return bs, bs
     sizes = [resolve_dcp_block_size(s, dcp_world_size) for s in specs]
     scheduler = math.lcm(*sizes)
@@ -146,9 +133,8 @@ def resolve_kv_cache_block_sizes(
     hash_block = prefix_match_unit if prefix_match_unit is not None else math.gcd(*hashing)
     if any(b % hash_block for b in hashing):
         raise ValueError(
-            f"Invalid prefix_match_unit={hash_block}; prefix-cacheable KV cache group "
-            f"block sizes must be divisible by it. Got group block sizes={sizes}."
-        )
+            f"prefix_match_unit={hash_block} does not divide every cacheable group's "
+            f"block size (groups: {sizes})")
     return scheduler, hash_block
 
 
@@ -182,36 +168,28 @@ def merge_specs(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
     first = specs[0]
     if type(first) in (FullAttentionSpec, SinkFullAttentionSpec):
         if not all(isinstance(s, FullAttentionSpec) for s in specs):
-            raise MergeError("All attention layers in the same KV cache group must be "
-                             "FullAttentionSpec.")
+            raise MergeError("full attention shares a group only with full attention")
         if any(isinstance(s, MLAAttentionSpec) for s in specs):
-            raise MergeError("MLAAttentionSpec should be merged in MLAAttentionSpec.merge")
+            raise MergeError("MLA layers group only with MLA layers")
         windows = {s.sliding_window for s in specs if s.sliding_window is not None}
         chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
         if len(windows) > 1 or len(chunks) > 1:
-            raise MergeError("All attention layers in the same KV cache group must have "
-                             "the same window size.")
+            raise MergeError("layers of different windows or chunks in one group")
         if any(_attention_fields(s) != _attention_fields(first) for s in specs):
-            raise MergeError("All attention layers in the same KV cache group must have "
-                             "the same attention spec.")
+            raise MergeError("layers of different head shapes or dtypes in one group")
         if windows and chunks:
             raise MergeError("sliding window and chunked local layers in one group")
-        extra = {"sink_len": first.sink_len} if type(first) is SinkFullAttentionSpec else {}
-        return type(first)(
-            first.block_size, first.num_kv_heads, first.head_size, first.dtype_size,
-            first.head_size_v, first.page_size_padded,
-            sliding_window=windows.pop() if windows else None,
-            attention_chunk_size=chunks.pop() if chunks else None, **extra,
-        )
+        # The merged spec keeps the one window or chunk some layer has.
+        return replace(first, sliding_window=next(iter(windows), None),
+                       attention_chunk_size=next(iter(chunks), None))
     if type(first) is MLAAttentionSpec:
         if not all(isinstance(s, MLAAttentionSpec) for s in specs) or any(
             _attention_fields(s) != _attention_fields(first) for s in specs
         ):
-            raise MergeError("All attention layers in the same KV cache group must be "
-                             "MLAAttentionSpec with the same attention spec.")
+            raise MergeError("MLA layers of different shapes in one group")
         return first
     if any(s != first for s in specs):
-        raise MergeError("All layers in the same KV cache group must be the same.")
+        raise MergeError("layers of different specs in one group")
     return first
 
 
@@ -276,9 +254,8 @@ def unify_kv_cache_spec_page_size(
             out[name] = replace(spec, page_size_padded=max_page)
         else:
             raise NotImplementedError(
-                f"Layer {name}: page size is not divisible by the maximum page size and "
-                "cannot be padded."
-            )
+                f"layer {name}: its {page}-byte page neither divides the largest page "
+                f"({max_page} bytes) nor can be padded to it")
         # (A Mamba page does not grow with its block size: 0.17 fails here.)
         assert page_size_bytes(out[name]) == max_page
     return out
@@ -338,12 +315,6 @@ def get_kv_cache_groups(
         raise NotImplementedError("packed groups of mixed page sizes (block-outermost layout)")
     return _groups_of_uniform_page_size(
         unify_kv_cache_spec_page_size(specs, pad_pages))
-
-
-def scheduler_kv_cache_spec(group: KVCacheGroupSpec) -> KVCacheSpec:
-    """The spec the scheduler's manager gets (any layer of a uniform-type group)."""
-    spec = group.kv_cache_spec
-    return spec.first_spec if isinstance(spec, UniformTypeKVCacheSpecs) else spec
 
 
 # -- 4. blocks and tensors ------------------------------------------------------------

@@ -1,57 +1,62 @@
-"""KV cache specs and the KV cache config (vLLM: vllm.v1.kv_cache_interface).
+"""How one layer stores its KV cache, and the groups of layers that share a
+block table; specs/KV_CACHE_MANAGER.md §12.
 
-A spec says how one layer stores its KV cache; layers with equal specs form a KV
-cache group, and each group gets one single-type manager over the shared pool.
-Specs are plain data: which manager serves a spec is in impl/managers, how many
-bytes a page takes is in impl/kv_cache_sizing.py.
+Layers with equal specs form a KV cache group, served by one single-type
+manager over the shared pool. Specs are data only: which manager keeps a
+spec is impl/managers, how many bytes its page takes is impl/kv_cache_sizing.
 
-The class tree mirrors vLLM's on purpose: the hybrid coordinator puts every
-FullAttentionSpec (MLA and sink attention included) first, and the manager
-registry resolves a spec through its MRO.
+The class names and the hierarchy are vLLM's (vllm.v1.kv_cache_interface):
+the hybrid coordinator orders every full-attention kind first and the
+manager registry walks a spec's bases, so MLA and sink attention must be
+FullAttentionSpecs.
 """
 
-from __future__ import annotations
-
+import re
 from dataclasses import dataclass, field
+
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def _kind_of(class_name: str) -> str:
+    """KV events name a group's kind after its spec class, in snake case:
+    ChunkedLocalAttentionSpec -> chunked_local_attention, MLAAttentionSpec ->
+    mla_attention."""
+    return _WORD_START.sub("_", class_name.removesuffix("Spec")).lower()
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
     block_size: int
 
-    # The `kv_cache_spec_kind` that BlockStored events carry for this group.
+    # What BlockStored events carry as `kv_cache_spec_kind` for the group.
     kind = "unknown"
+    # Whether decode context parallelism spreads a block's token positions
+    # over the ranks (a block then spans block_size x dcp tokens): yes for
+    # attention KV, no for replicated state.
+    dcp_sharded = False
+    # Whether the group takes part in prefix caching at all.
+    prefix_cacheable = True
 
-    @property
-    def dcp_sharded(self) -> bool:
-        """Whether decode context parallelism splits this cache's token
-        positions across ranks (so a block holds block_size * dcp tokens)."""
-        return False
-
-    @property
-    def prefix_cacheable(self) -> bool:
-        return True
+    def __init_subclass__(cls) -> None:
+        # (No super() call: slotted dataclasses are rebuilt, which breaks
+        # the zero-argument form, and object's hook does nothing.)
+        cls.kind = _kind_of(cls.__name__)
 
     @property
     def sliding_window_of_events(self) -> int | None:
-        """The `kv_cache_spec_sliding_window` BlockStored events carry."""
+        """`kv_cache_spec_sliding_window` of the group's BlockStored events."""
         return None
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionSpec(KVCacheSpec):
-    num_kv_heads: int = 1
-    head_size: int = 1
-    # Bytes of one element of the cache dtype (bf16: 2, fp8: 1).
-    dtype_size: int = 4
-    # V head size when it differs from K's (None: the same).
-    head_size_v: int | None = None
-    # A page padded to this many bytes (hybrid models unify page sizes).
-    page_size_padded: int | None = None
+    num_kv_heads: int = 1  # on this tensor-parallel rank
+    head_size: int = 1  # elements per head (of K; see head_size_v)
+    dtype_size: int = 4  # bytes per element of the cache dtype: 2 for bf16, 1 for fp8
+    head_size_v: int | None = None  # where V's head size is not K's
+    page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
 
-    @property
-    def dcp_sharded(self) -> bool:
-        return True
+    dcp_sharded = True
 
     @property
     def v_head_size(self) -> int:
@@ -60,20 +65,16 @@ class AttentionSpec(KVCacheSpec):
 
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec(AttentionSpec):
-    # Set when the hybrid allocator is off and local-attention layers are
-    # managed as full attention (compute still windowed).
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-
-    kind = "full_attention"
+    # A local-attention layer kept as full attention (hybrid allocator off)
+    # carries its window or chunk: it shapes the compute, not the cache.
+    sliding_window: int | None = None  # tokens a query reads back
+    attention_chunk_size: int | None = None  # tokens per local chunk
 
 
 @dataclass(frozen=True, slots=True)
 class MLAAttentionSpec(FullAttentionSpec):
-    """Multi-head latent attention: one latent vector a token, no separate V
-    (num_kv_heads is 1 and head_size the latent width, e.g. 512 + 64)."""
-
-    kind = "mla_attention"
+    """Multi-head latent attention: one latent per token and no V
+    (num_kv_heads 1, head_size the latent width, e.g. 512 + 64)."""
 
     @property
     def v_head_size(self) -> int:
@@ -82,19 +83,13 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 @dataclass(frozen=True, slots=True)
 class SinkFullAttentionSpec(FullAttentionSpec):
-    # Leading sink tokens every query attends to; a multiple of block_size.
-    sink_len: int | None = None
-
-    kind = "sink_full_attention"
+    sink_len: int | None = None  # leading tokens every query reads; whole blocks
 
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = 0
-    # Trailing tokens kept below the window for multi-module speculative decode.
-    extra_retained_tokens: int = 0
-
-    kind = "sliding_window"
+    extra_retained_tokens: int = 0  # kept below the window, unread (speculation)
 
     @property
     def sliding_window_of_events(self) -> int | None:
@@ -105,31 +100,25 @@ class SlidingWindowSpec(AttentionSpec):
 class ChunkedLocalAttentionSpec(AttentionSpec):
     attention_chunk_size: int = 0
 
-    kind = "chunked_local_attention"
-
 
 @dataclass(frozen=True, slots=True)
 class CrossAttentionSpec(AttentionSpec):
-    """Decoder layers attending to the encoder's output (Whisper): blocks for
-    the encoder tokens, allocated once at admission, never prefix cached."""
-
-    kind = "cross_attention"
+    """Decoder layers reading the encoder's output (Whisper): blocks for the
+    encoder tokens, taken once at admission, never shared."""
 
 
 @dataclass(frozen=True, slots=True)
 class MambaSpec(KVCacheSpec):
-    """A state-space layer: one fixed-size state per block, whatever its
-    block size. `shapes`/`dtype_sizes` describe the state tensors (conv, ssm)."""
+    """A state-space layer: one fixed-size state per block whatever the
+    block size. Cache mode "none" keeps one running state per request
+    (prefix caching off); "align" a state at every block boundary a chunk
+    ends on (prefix caching on)."""
 
-    shapes: tuple[tuple[int, ...], ...] = ()
-    dtype_sizes: tuple[int, ...] = ()
-    page_size_padded: int | None = None
-    # "none": one running state a request (prefix caching off); "align": a state
-    # at every block boundary the scheduler stops at (prefix caching on).
-    mamba_cache_mode: str = "none"
-    num_speculative_blocks: int = 0
-
-    kind = "mamba"
+    shapes: tuple[tuple[int, ...], ...] = ()  # of its state tensors (conv, ssm)
+    dtype_sizes: tuple[int, ...] = ()  # bytes per element of each
+    page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
+    mamba_cache_mode: str = "none"  # or "align"
+    num_speculative_blocks: int = 0  # room for draft tokens' states
 
 
 @dataclass(frozen=True, slots=True)

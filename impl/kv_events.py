@@ -1,23 +1,35 @@
-"""KV cache events the block pool publishes (vLLM: vllm.distributed.kv_events)."""
+"""KV cache events and how the pool's changes become them; specs/KV_CACHE_MANAGER.md §7.
 
-from __future__ import annotations
+The event classes keep the names and fields of vLLM's published events
+(vllm.distributed.kv_events), which consumers outside vLLM parse.
+"""
 
 from dataclasses import dataclass
 from typing import Any
+
+from impl.block_hash import (
+    block_extra_keys,
+    event_extra_keys,
+    external_block_hash,
+    get_block_hash,
+    get_group_id,
+)
+from impl.profiles import VersionProfile
+from impl.request import Request
 
 MEDIUM_GPU = "GPU"
 
 
 @dataclass(slots=True)
 class BlockStored:
-    block_hashes: list[bytes]
-    parent_block_hash: bytes | None
+    block_hashes: list
+    parent_block_hash: Any
     token_ids: list[int]
     block_size: int
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
+    extra_keys: list | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
@@ -26,7 +38,7 @@ class BlockStored:
 
 @dataclass(slots=True)
 class BlockRemoved:
-    block_hashes: list[bytes]
+    block_hashes: list
     medium: str | None
     group_idx: int | None = None
 
@@ -37,3 +49,44 @@ class AllBlocksCleared:
 
 
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBuilder:
+    """Turns what the pool did into events, in the shape the profile's vLLM
+    publishes (int or byte hashes, group fields or not, tagged extra keys)."""
+
+    __slots__ = ("as_int", "with_group", "tagged")
+
+    def __init__(self, profile: VersionProfile, as_int: bool) -> None:
+        self.as_int = as_int
+        self.with_group = profile.kv_events_carry_group
+        self.tagged = profile.tagged_extra_keys
+
+    def removed(self, key: bytes) -> BlockRemoved:
+        return BlockRemoved(
+            [external_block_hash(get_block_hash(key), self.as_int)], MEDIUM_GPU,
+            get_group_id(key) if self.with_group else None,
+        )
+
+    def stored(self, request: Request, hashes: list, parent, start: int, end: int,
+               block_size: int, group_id: int, key_ranges: list[tuple[int, int]]
+               ) -> BlockStored:
+        """`hashes` newly findable, covering tokens [start, end); the extra
+        keys of each stored block are read over its range in `key_ranges`."""
+        as_int = self.as_int
+        lora = request.lora
+        extras = [event_extra_keys(block_extra_keys(request, a, b, self.tagged))
+                  for a, b in key_ranges]
+        return BlockStored(
+            block_hashes=[external_block_hash(h, as_int) for h in hashes],
+            parent_block_hash=None if parent is None else external_block_hash(parent, as_int),
+            token_ids=request.all_token_ids[start:end],
+            block_size=block_size,
+            lora_id=None if lora is None else lora.int_id,
+            medium=MEDIUM_GPU,
+            lora_name=None if lora is None else lora.name,
+            # No list at all when no block was stored, as vLLM publishes it.
+            extra_keys=extras or None,
+            group_idx=group_id if self.with_group else None,
+            session_id=request.session_id if self.with_group else None,
+        )

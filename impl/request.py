@@ -1,8 +1,6 @@
-"""The request as the KV cache manager sees it (vLLM: v1 Request, KV-relevant part)."""
+"""The part of a request the KV cache manager reads (vLLM's v1 Request, trimmed)."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -10,6 +8,7 @@ class RequestStatus(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    # Admitted, its KV cache being loaded by a connector.
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
 
 
@@ -22,42 +21,38 @@ class LoRA:
 
 @dataclass(frozen=True, slots=True)
 class MMFeature:
-    """A multimodal placeholder: its content identifier and token range."""
+    """A multimodal item in the prompt: what it is and the tokens it fills."""
 
     identifier: str
     offset: int
     length: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
     request_id: str
     all_token_ids: list[int]
     num_prompt_tokens: int
     lora: LoRA | None = None
     cache_salt: str | None = None
-    # Sorted by offset, non-overlapping (vLLM assumes the same).
+    # Sorted by offset and disjoint, as vLLM's hashing assumes.
     mm_features: tuple[MMFeature, ...] = ()
-    # Raw bytes of the prompt embeddings, `embeds_row_bytes` bytes per token.
+    # Prompt embeddings as raw bytes, `embeds_row_bytes` per token; the token
+    # ids of such a prompt are placeholders.
     prompt_embeds: bytes | None = None
     embeds_row_bytes: int = 0
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
     num_computed_tokens: int = 0
-    # Tokens scheduled whose output is not processed yet (async scheduling).
+    # Scheduled tokens whose output is not in yet (async scheduling): their
+    # step may still read blocks the computed count says are behind a window.
     num_in_flight_tokens: int = 0
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    # Hashes of the full hash-size blocks of all_token_ids, chained.
-    block_hashes: list = None  # type: ignore[assignment]
-    # Cache of per-block prompt-embeds digests, keyed by (start, end).
-    embeds_digests: dict = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.block_hashes is None:
-            self.block_hashes = []
-        if self.embeds_digests is None:
-            self.embeds_digests = {}
+    # One chained hash per full hash block of all_token_ids.
+    block_hashes: list = field(default_factory=list)
+    # Digest of the embedding rows of a block, by (start, end), computed once.
+    embeds_digests: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -54,6 +54,9 @@ class ImplBackend(Backend):
             none_hash(profile, config.hash_algo, config.hash_seed),
             profile.tagged_extra_keys,
         )
+        self._no_blocks = self.manager.empty_kv_cache_blocks
+        self._hash_block_size = hash_block_size
+        self._one_group = len(self._no_blocks.blocks) == 1
         # Run the invariant checker after every event (slow; for the fuzzer).
         self.checker = InvariantChecker() if check else None
         if check:
@@ -101,14 +104,21 @@ class ImplBackend(Backend):
             ev.reserved_blocks,
             ev.has_scheduled_reqs,
         )
-        return None if new is None else [[b.block_id for b in g] for g in new.blocks]
+        if new is None:
+            return None
+        if new is self._no_blocks:
+            return [[]] if self._one_group else [[] for _ in new.blocks]
+        return [[b.block_id for b in g] for g in new.blocks]
 
     def _free_request(self, request: Request) -> None:
         self.manager.free(request)
 
     def append_tokens(self, req: str, tokens: list[int]) -> list[bytes]:
         request = self._request(req)
-        request.all_token_ids.extend(tokens)
+        ids = request.all_token_ids
+        ids.extend(tokens)
+        if (len(request.block_hashes) + 1) * self._hash_block_size > len(ids):
+            return ()  # no block filled: the common case, answered without a call
         return self.hasher.update(request)
 
     def cache_blocks(self, req: str, num_computed_tokens: int) -> None:

@@ -29,15 +29,18 @@ def _touch_without_unlinking(self, blocks):
         block.ref_cnt += 1
 
 
+_real_get_computed_blocks = KVCacheManager.get_computed_blocks
+
+
 def _lookup_whole_prompt(self, request):
     # Fault: off by one in the longest-hit rule: the whole prompt may hit.
-    if not self._lookup_enabled(request):
-        return self.empty_kv_cache_blocks, 0
-    blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                         request.num_tokens)
-    if self._record_at_lookup and self.log_stats:
-        self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
-    return self._blocks(blocks), n
+    coordinator = self.coordinator
+    real = coordinator.find_longest_cache_hit
+    coordinator.find_longest_cache_hit = lambda hashes, n: real(hashes, n + 1)
+    try:
+        return _real_get_computed_blocks(self, request)
+    finally:
+        del coordinator.find_longest_cache_hit
 
 
 def _hash_without_parent(self, request):

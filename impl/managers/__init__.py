@@ -1,4 +1,4 @@
-"""Single-type KV cache managers, one per attention kind."""
+"""One single-type manager per attention kind, and which spec gets which."""
 
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
@@ -16,12 +16,13 @@ from impl.managers.full_attention import FullAttentionManager
 from impl.managers.mamba import MambaManager
 from impl.managers.sink_full_attention import SinkFullAttentionManager
 from impl.managers.sliding_window import SlidingWindowManager
+from impl.math_utils import cdiv
 
-# Resolved through the spec's MRO, as vLLM's registry does: MLA attention is a
-# FullAttentionSpec and gets the full-attention manager.
-_MANAGER_FOR_SPEC: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
-    FullAttentionSpec: FullAttentionManager,
+# Looked up along the spec's class hierarchy, most specific first: an MLA
+# spec is a FullAttentionSpec and is kept like one.
+_BY_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: SinkFullAttentionManager,
+    FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
@@ -30,29 +31,24 @@ _MANAGER_FOR_SPEC: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
 
 
 def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
-    for cls in type(spec).__mro__:
-        manager = _MANAGER_FOR_SPEC.get(cls)
-        if manager is not None:
-            return manager
-    raise NotImplementedError(f"no manager for {type(spec).__name__}")
+    for kind in type(spec).__mro__:
+        if kind in _BY_SPEC:
+            return _BY_SPEC[kind]
+    raise NotImplementedError(f"no manager keeps a {type(spec).__name__}")
 
 
 def max_admission_blocks_per_request(
     spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int
 ) -> int | None:
-    """The most blocks a request of a recycling kind holds at once (vLLM's
-    SlidingWindowSpec / ChunkedLocalAttentionSpec.max_admission_blocks_per_request);
-    None for kinds that keep every block until the request finishes."""
+    """The most blocks one request of a recycling kind holds at a time (what
+    full_sequence_must_fit admits by); None for kinds that keep every block
+    until the request ends."""
     if isinstance(spec, SlidingWindowSpec):
-        # The last window - 1 computed tokens plus what is in flight; +1 as the
-        # window need not start at a block boundary.
-        n = min(spec.sliding_window - 1 + spec.extra_retained_tokens + max_in_flight_tokens,
-                max_model_len)
-        return -(-n // spec.block_size) + 1
+        # The window behind the last computed token plus what is in flight;
+        # one more since the window need not start on a block boundary.
+        span = spec.sliding_window - 1 + spec.extra_retained_tokens + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), spec.block_size) + 1
     if isinstance(spec, ChunkedLocalAttentionSpec):
-        n = min(spec.attention_chunk_size + max_in_flight_tokens, max_model_len)
-        return -(-n // spec.block_size)
+        span = spec.attention_chunk_size + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), spec.block_size)
     return None
-
-
-__all__ = ["manager_class_for", "max_admission_blocks_per_request", "SingleTypeKVCacheManager"]

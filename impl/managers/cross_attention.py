@@ -1,42 +1,32 @@
-"""Cross attention (vLLM: CrossAttentionManager; encoder-decoder models such as
-Whisper).
+"""Cross attention (vLLM's name: CrossAttentionManager; encoder-decoder models
+such as Whisper); specs/KV_CACHE_MANAGER.md §9.5.
 
-Decoder layers attend to the encoder's output, which is unique to the request:
-its blocks are sized by the encoder tokens (the coordinator hands this manager
-`num_encoder_tokens` instead of the decoder's token count), allocated once at
-admission and never shared, so nothing is cached or looked up.
+The decoder attends to the encoder's output for this one request: its blocks
+are sized by the encoder tokens (the coordinator passes those instead of the
+decoder's count), handed out once at admission and shared with nobody. No
+hit, no external load, no keying.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-from impl.block import KVCacheBlock
+from impl.block import BlockList
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.request import Request
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
-    def add_local_computed_blocks(
-        self,
-        request_id: str,
-        new_computed_blocks: Sequence[KVCacheBlock],
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
-        assert not new_computed_blocks, "cross-attention blocks are never prefix hits"
+    def add_local_computed_blocks(self, request_id: str, new_computed_blocks: BlockList,
+                                  num_local_computed_tokens: int,
+                                  num_external_computed_tokens: int) -> None:
+        if new_computed_blocks:
+            raise AssertionError("encoder output is never a prefix hit")
 
-    def allocate_external_computed_blocks(
-        self,
-        request_id: str,
-        num_local_computed_tokens: int,
-        num_external_computed_tokens: int,
-    ) -> None:
-        return None
+    def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
+                                          num_external_computed_tokens: int) -> None:
+        """Connectors do not load encoder output."""
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        raise ValueError("Should not be called as prefix caching is disabled.")
+        raise ValueError("cross-attention blocks are private to their request; "
+                         "nothing of them is ever keyed")
 
     @classmethod
     def find_longest_cache_hit(cls, *args, **kwargs):
-        raise NotImplementedError("CrossAttentionManager does not support caching")
+        raise NotImplementedError("cross-attention groups have no prefix lookup")

@@ -1,25 +1,24 @@
-"""Sliding-window attention (vLLM: SlidingWindowManager).
+"""Sliding-window attention (vLLM's name: SlidingWindowManager); spec §9.2.
 
-A token attends to the `sliding_window - 1` tokens before it, so:
-- blocks wholly before the window are freed as the request advances and
-  replaced by the null block in its block table (`remove_skipped_blocks`);
-- a prefix hit needs only the last cdiv(window - 1, block_size) blocks before
-  the hit's end to be cached: the lookup scans from the right for such a run and
-  pads everything before it with null blocks;
-- in a hybrid model hits end at multiples of the alignment (the scheduler block
-  size), so only the blocks just before such boundaries are worth caching
-  (profile.sliding_window_sparse_caching).
+A token reads only the `sliding_window - 1` tokens before it. So the blocks a
+request has moved past are given back (null entries keep the table's
+positions), and a hit needs only the few blocks just before its end to be
+cached, not the whole prefix.
 """
-
-from __future__ import annotations
 
 from collections.abc import Sequence
 
-from impl.block import KVCacheBlock
 from impl.block_hash_view import resolve_block_hashes
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
-from impl.managers.base import SingleTypeKVCacheManager, cdiv
+from impl.managers.base import HitResult, SingleTypeKVCacheManager
+from impl.math_utils import cdiv
+
+
+def blocks_before_hit_end(window: int, block_size: int) -> int:
+    """Cached blocks a hit needs right before its end: the token after the
+    hit reads the window - 1 tokens before it (it reads itself too)."""
+    return cdiv(window - 1, block_size)
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -28,91 +27,67 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
+        # Tokens kept below the window, unread, for multi-token speculation.
         self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
 
-    @staticmethod
-    def _contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
-        # -1: the query token itself is inside its own window.
-        return cdiv(sliding_window - 1, block_size)
-
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[bytes],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-        block_size: int,
-        dcp_world_size: int = 1,
-    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+    def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
+                               kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec, alignment_tokens: int,
+                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+        """Scanning leftwards from max_length, the first run of enough cached
+        blocks wins; its right end must sit on an aligned boundary."""
         if dcp_world_size != 1:
-            raise AssertionError("DCP not support sliding window attn now.")
-        block_size = kv_cache_spec.block_size
-        block_hashes = resolve_block_hashes(
-            block_hashes, block_pool.hash_block_size, block_size,
-            block_pool.profile.coarse_block_hash,
-        )
-        need = cls._contiguous_blocks_for_hit(kv_cache_spec.sliding_window, block_size)
-        max_num_blocks = max_length // block_size
-        null = block_pool.null_block
-        computed = tuple([null] * max_num_blocks for _ in kv_cache_group_ids)
-        get_cached = block_pool.get_cached_block
-        num_contiguous = 0
-        match_found = False
-        # From the right: the first run of `need` cached blocks wins.
-        for i in range(max_num_blocks - 1, -1, -1):
-            cached = get_cached(block_hashes[i], kv_cache_group_ids)
-            if cached is None:
-                num_contiguous = 0
+            raise AssertionError("sliding-window groups cannot be sharded across "
+                                 "decode context-parallel ranks")
+        size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
+                                      block_pool.profile.coarse_block_hash)
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size)
+        unaligned = size != alignment_tokens
+        lookup = block_pool.get_cached_block
+        # The run being collected, rightmost block first.
+        run: list = []
+        start = 0
+        for i in range(max_length // size - 1, -1, -1):
+            found = lookup(hashes[i], kv_cache_group_ids)
+            if found is None:
+                run.clear()
                 continue
-            # A run must end at an aligned boundary.
-            if (
-                num_contiguous == 0
-                and block_size != alignment_tokens
-                and (i + 1) * block_size % alignment_tokens != 0
-            ):
-                continue
-            for blocks, block in zip(computed, cached):
-                blocks[i] = block
-            num_contiguous += 1
-            if num_contiguous >= need:
-                for blocks in computed:
-                    del blocks[i + num_contiguous:]
-                match_found = True
+            if not run and unaligned and (i + 1) * size % alignment_tokens:
+                continue  # a run may only end on an aligned boundary
+            run.append(found)
+            if len(run) >= need:
+                start = i
                 break
-        if not match_found:
-            # A run reaching the first block hits even when shorter than `need`
-            # (the window then covers the whole prefix).
-            for blocks in computed:
-                del blocks[num_contiguous:]
-            while (
-                block_size != alignment_tokens
-                and len(computed[0]) * block_size % alignment_tokens != 0
-            ):
-                for blocks in computed:
-                    blocks.pop()
-        return computed, len(computed[0]) * block_size
+        else:
+            # No run was long enough. One that reaches the first block still
+            # hits (the window covers all of it), cut back to the alignment.
+            while run and unaligned and len(run) * size % alignment_tokens:
+                run.pop(0)
+        null = block_pool.null_block
+        run.reverse()
+        groups = tuple([null] * start + [found[g] for found in run]
+                       for g in range(len(kv_cache_group_ids)))
+        return groups, (start + len(run)) * size
 
     def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        if not self.block_pool.profile.sliding_window_sparse_caching:
+        """0.32 keys only the blocks ending each aligned segment that a hit at
+        the segment's end needs; the ones before them can never be hit."""
+        if not self._profile.sliding_window_sparse_caching:
             return None
         alignment = self.cache_hit_alignment_tokens
-        block_size = self.kv_cache_spec.block_size * self.dcp_world_size
-        if alignment % block_size != 0:
+        size = self.kv_cache_spec.block_size * self.dcp_world_size
+        if alignment % size:
             return None
-        need = self._contiguous_blocks_for_hit(self.sliding_window, block_size)
-        per_segment = alignment // block_size
+        need = blocks_before_hit_end(self.sliding_window, size)
+        per_segment = alignment // size
         if need >= per_segment:
             return None
-        # Keep the `need` blocks that end each aligned segment.
-        first_kept = per_segment - need
-        return [i % per_segment >= first_kept for i in range(start_block, end_block)]
+        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Tokens before the next token's window: with window 4 and 7 computed,
-        tokens 4..7 are in the window, 0..3 are skipped."""
-        return max(
-            0, num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
-        )
+        """With window 4 and 7 tokens computed, the next token (7) reads 4..7,
+        so tokens 0..3 are skipped."""
+        before = num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
+        return before if before > 0 else 0

@@ -17,6 +17,7 @@ from impl.block_hash import (
     block_extra_keys,
     event_extra_keys,
     get_hash_fn,
+    get_request_block_hasher,
     none_hash,
 )
 from impl.profiles import get_profile
@@ -60,7 +61,7 @@ def test_incremental_hashing_equals_hashing_at_once():
     whole = Request("a", list(range(23)), 23)
     hasher.update(whole)
     grown = Request("b", list(range(3)), 3)
-    assert hasher.update(grown) == []
+    assert not hasher.update(grown)
     for t in range(3, 23):
         grown.all_token_ids.append(t)
         hasher.update(grown)
@@ -124,3 +125,26 @@ def test_prompt_embeds_digest_is_per_block():
 def test_unknown_algorithm_is_refused():
     with pytest.raises(ValueError, match="unknown hash algorithm 'md5'"):
         get_hash_fn("md5")
+
+
+def test_builtin_hash_is_accepted_as_vllms_tests_pass_it():
+    """vLLM's unit tests build requests with get_request_block_hasher(size,
+    hash): the chained formula with the builtin hash (ints, not bytes)."""
+    hasher = get_request_block_hasher(4, hash, P032, seed="0")
+    req = Request("r", list(range(9)), 9)
+    first = hash((hash("0"), (0, 1, 2, 3), None))
+    second = hash((first, (4, 5, 6, 7), None))
+    assert hasher.update(req) == [first, second] and req.block_hashes == [first, second]
+
+
+def test_any_callable_is_accepted_with_none_hash_as_the_profile_says():
+    def digest(obj):
+        return hashlib.md5(repr(obj).encode()).digest()
+
+    assert get_hash_fn(digest) is digest
+    # 0.32 without a seed: the fixed seed, as for the cryptographic algorithms.
+    assert none_hash(P032, digest, None) == digest("vllm-none-hash")
+    assert none_hash(P032, digest, "5") == digest("5")
+    hasher = get_request_block_hasher(2, digest, P017, seed="5")
+    req = Request("r", [7, 8, 9], 3)
+    assert hasher.update(req) == [digest((digest("5"), (7, 8), None))]

@@ -2,15 +2,15 @@
 
 import pytest
 
-from impl.block_hash import make_block_hash_with_group_id
-from impl.block_pool import BlockPool, external_block_hash
+from impl.block_hash import external_block_hash, make_block_hash_with_group_id
+from impl.block_pool import BlockPool
 from impl.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from impl.profiles import get_profile
 from impl.request import Request
 
 
 def pool(n=8, profile="0.32", caching=True, events=True):
-    return BlockPool(n, caching, 4, get_profile(profile), enable_kv_cache_events=events)
+    return BlockPool(n, caching, 4, events, profile=get_profile(profile))
 
 
 def cached_request(tokens, hashes):

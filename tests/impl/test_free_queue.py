@@ -47,9 +47,46 @@ def test_pop_from_empty_raises():
     q.popleft()
     with pytest.raises(ValueError):
         q.popleft()
-    with pytest.raises(ValueError):
+    with pytest.raises(AssertionError):  # vLLM asserts too
         q.popleft_n(1)
-    assert q.block_ids() == []
+    assert q.block_ids() == [] and q.popleft_n(0) == []
+
+
+def test_empty_queue_links_the_sentinels():
+    q = FreeKVCacheBlockQueue([])
+    assert q.fake_free_list_head.next_free_block is q.fake_free_list_tail
+    assert q.fake_free_list_tail.prev_free_block is q.fake_free_list_head
+    assert q.get_all_free_blocks() == [] and q.num_free_blocks == 0
+
+
+@pytest.mark.parametrize("op", ["append", "append_n", "prepend_n"])
+def test_a_corrupted_queue_is_refused_before_anything_changes(op):
+    """vLLM's own test breaks the tail sentinel and expects an AssertionError
+    (not an AttributeError from half-done relinking) and an untouched queue."""
+    blocks = [KVCacheBlock(i) for i in range(2)]
+    q = FreeKVCacheBlockQueue([])
+    sentinel = "fake_free_list_head" if op == "prepend_n" else "fake_free_list_tail"
+    link = "next_free_block" if op == "prepend_n" else "prev_free_block"
+    setattr(getattr(q, sentinel), link, None)
+    with pytest.raises(AssertionError):
+        getattr(q, op)(blocks[0] if op == "append" else blocks[:1])
+    assert q.num_free_blocks == 0
+    assert blocks[0].prev_free_block is None and blocks[0].next_free_block is None
+
+
+def test_block_hash_set_and_reset():
+    b = KVCacheBlock(3)
+    b.set_block_hash(b"key", num_tokens=16)
+    assert (b.block_hash, b.block_hash_num_tokens) == (b"key", 16)
+    with pytest.raises(AssertionError):
+        b.set_block_hash(b"other")
+    assert b.block_hash == b"key"
+    b.reset_hash()
+    assert b.block_hash is None and b.block_hash_num_tokens is None
+    b.set_block_hash(b"other")
+    assert b.block_hash == b"other" and b.block_hash_num_tokens is None
+    assert not hasattr(b, "__dict__")
+    assert KVCacheBlock(0, is_null=True).is_null
 
 
 def _peak_growth(body, rounds: int) -> int:

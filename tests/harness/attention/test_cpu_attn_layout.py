@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from harness.attention.kinds import AttentionKind
-from harness.backends.vllm_cpu_attn_layout import pack, region_index, unpack
 from harness.backends.vllm_cpu_attention import VllmCpuAttention
+from harness.backends.vllm_cpu_attn_layout import pack, region_index, unpack
+from impl.kernels.reshape_and_cache import reshape_and_cache
 from impl.kv_cache_tensors import (
     KVCacheLayout,
     KVCacheShape,
     allocate_kv_cache,
     plan_kv_cache_tensors,
 )
-from impl.kernels.reshape_and_cache import reshape_and_cache
 
 pytestmark = pytest.mark.vllm
 
