@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from harness.exit_codes import ExitCode
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
+from harness.trace.rules import TraceRules
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
 from impl.profiles import UnsupportedVersion, VersionProfile, get_profile
 
@@ -193,6 +194,7 @@ class _Records:
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
         self.live: set[str] = set()
+        self.rules = TraceRules(path, header)  # what vLLM rejects (harness/trace/rules.py)
 
     @property
     def bytes_read(self) -> int:
@@ -206,6 +208,7 @@ class _Records:
             except SchemaViolation as e:
                 raise TraceError(path, line_no, e.field, e.message) from None
             self._check_context(line_no, obj)
+            self.rules.check(line_no, obj)
             yield TraceRecord(line_no, event_from_dict(obj), obj.get("answer"),
                               obj.get("expect"), obj.get("note"), answer_line, expect_line)
 
