@@ -24,7 +24,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
@@ -35,6 +35,7 @@ from harness.exit_codes import ExitCode
 from harness.lockstep import run_event
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
+from harness.trace.rules import random_none_hash
 from impl.profiles import VersionProfile
 
 RECORDED = "recorded"
@@ -63,6 +64,9 @@ class TraceOutcome:
     skipped: str | None = None
     recorded: str | None = None  # path written by record
     profile: str | None = None  # the trace's version profile, once its header is read
+    # The header's `truncated` note: the trace lacks its end (a capture whose
+    # server died), so a pass is "truncated", never plainly "conformant".
+    truncated: str | None = None
     # With observe_pool: per event (trace line, op, pool codes) of the first
     # backend, for the block-pool picture (Backend.pool_codes).
     pool_timeline: list[tuple[int, str, list[int]]] | None = None
@@ -187,6 +191,13 @@ def check_trace(
     try:
         trace = open_trace(path)
         outcome.profile = trace.profile.name
+        outcome.truncated = trace.header.truncated
+        if writer_path is None and random_none_hash(trace.header, trace.profile):
+            raise TraceError(path, 1, "cache.hash_seed", "not replayable: random NONE_HASH "
+                             f"(hash_seed null: vLLM {trace.header.vllm_version} drew NONE_HASH "
+                             f"at random for {trace.header.cache.hash_algo} and the trace does "
+                             "not record it in cache.none_hash; capture with PYTHONHASHSEED "
+                             "set, or with kvconform's capture, which records it)")
         try:
             if "vllm" in backend_names:
                 installed = installed_vllm_profile()
@@ -201,9 +212,13 @@ def check_trace(
             from harness.backends.vllm_backend import installed_vllm_version
 
             header = trace.header
+            cache = header.cache
+            if cache.hash_seed is None and cache.none_hash is None:
+                # Whatever NONE_HASH vLLM drew, the recorded answers need it.
+                cache = replace(cache, none_hash=backends[0].none_hash)
             writer = TraceWriter(writer_path, TraceHeader(
-                installed_vllm_version(), header.source, header.cache, header.description,
-                header.model, header.tensors))
+                installed_vllm_version(), header.source, cache, header.description,
+                header.model, header.tensors, truncated=header.truncated))
         bar = _progress(trace) if progress else None
         if observe_pool:
             outcome.pool_timeline, outcome.request_index = [], {}
