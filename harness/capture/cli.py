@@ -284,17 +284,25 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
 
 def _cmd_kv_events(args: argparse.Namespace) -> int:
-    import json
+    import signal
+    import sys
 
-    from harness.capture.kv_event_stream import EventBatch, StreamError, subscribe
-    from harness.capture.kv_event_trace import EventTraceBuilder, save_batches
+    from harness.capture.kv_event_stream import (
+        Listen,
+        StreamError,
+        StreamUnavailable,
+        subscribe,
+    )
+    from harness.capture.kv_event_trace import EventTraceBuilder, StreamFile, read_stream
     from harness.capture.progress import Progress
     from impl.profiles import UnsupportedVersion, get_profile
 
     if not args.out.endswith(".jsonl"):
         return fail(f"{args.out}: captures are written as .jsonl")
-    if bool(args.endpoint) == bool(args.from_stream):
-        return fail("capture kv-events: give --endpoint (live) or --from-stream FILE")
+    sources = [x for x in (args.endpoint, args.bind, args.from_stream) if x]
+    if len(sources) != 1:
+        return fail("capture kv-events: give one of --endpoint EP (vLLM binds), --bind EP "
+                    "(vLLM connects) or --from-stream FILE")
     version = args.vllm_version
     if version is None:
         try:
@@ -303,7 +311,7 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
             version = installed_vllm_version()
         except Exception:  # noqa: BLE001
             return fail("capture kv-events: --vllm-version (the server's) is needed when "
-                         "vLLM is not installed here", ExitCode.ENVIRONMENT)
+                        "vLLM is not installed here", ExitCode.ENVIRONMENT)
     try:
         get_profile(version)
     except UnsupportedVersion as e:
@@ -315,45 +323,71 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
             return fail(f"--lora-path {item!r}: expected NAME=PATH")
         lora_paths[name] = path
     builder = EventTraceBuilder(version, args.hash_algo, args.hash_seed, lora_paths)
+    where = sources[0]
     if args.from_stream:
-        def batches():
-            with open(args.from_stream) as f:
-                for n, line in enumerate(f, 1):
-                    try:
-                        d = json.loads(line)
-                        yield EventBatch(d["seq"], d["ts"], d["events"], d.get("rank"),
-                                         d.get("encoding", "map"))
-                    except (ValueError, KeyError, TypeError) as e:
-                        raise StreamError(f"{args.from_stream}:{n}: (line): not a saved "
-                                          f"batch ({e})") from None
-        source = batches()
+        source, saved = read_stream(args.from_stream), None
     else:
-        source = subscribe(args.endpoint, args.topic, args.replay_endpoint, args.seconds,
-                           args.batches, args.idle)
-    saved: list = []
+        listen = Listen(where, bind=bool(args.bind), topic=args.topic,
+                        replay_endpoint=args.replay_endpoint, wait_seconds=args.wait,
+                        seconds=args.seconds, max_batches=args.batches,
+                        idle_seconds=args.idle)
+        saved_path = args.save_stream or (args.out.removesuffix(".jsonl") + ".kvstream")
+        saved = StreamFile(saved_path)
+        source = subscribe(listen, status=lambda line: print(f"kv-events: {line}",
+                                                             file=sys.stderr, flush=True))
     bar = Progress(args.batches or 0, "kv-events", unit="batch")
+    code = ExitCode.OK
+    # A supervisor's SIGTERM ends a subscription as Ctrl-C does: what came is kept.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         for batch in source:
             builder.add_batch(batch)
-            if args.save_stream:
-                saved.append(batch)
+            if saved is not None:
+                saved.write(batch)  # on disk as it arrives
             bar.update()
+    except StreamUnavailable as e:
+        print(f"kvconform: {where}: {e}", file=sys.stderr)
+        code = ExitCode.ENVIRONMENT
     except StreamError as e:
-        return fail(str(e))
+        print(f"kvconform: {where}: {e}", file=sys.stderr)
+        code = ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a live subscription; what came is kept
     finally:
+        signal.signal(signal.SIGTERM, previous)
         bar.close()
-    if args.save_stream:
-        save_batches(saved, args.save_stream)
-    where = args.endpoint or args.from_stream
+        if saved is not None:
+            saved.close()
+    if builder.num_batches == 0:
+        if saved is not None:
+            saved.remove()
+        if code != ExitCode.OK:
+            return code
+        if args.from_stream:
+            return fail(f"{args.from_stream}: no batches in the saved stream")
+        hint = (f"vLLM's --kv-events-config must name this endpoint, {where}, and it "
+                "connects to it" if args.bind else
+                "vLLM binds only tcp://*:PORT, tcp://[::]:PORT and ipc:// endpoints and "
+                "connects to any other address: for tcp://127.0.0.1:PORT both sides would "
+                "connect, so give kvconform --bind tcp://127.0.0.1:PORT instead")
+        return fail(f"nothing received from {where} in {args.wait:g} s: is the server up and "
+                    "publishing (--kv-events-config with enable_kv_cache_events true and "
+                    f"publisher zmq)? {hint}", ExitCode.ENVIRONMENT)
+    missed = builder.missed_batches()
     n = builder.write(args.out, f"KV events of {where}: {builder.num_batches} batches, "
                       f"{builder.num_events} events")
     skipped = sum(builder.skipped.values())
     print(f"{args.out}: {n} trace events from {builder.num_batches} batches "
           f"({builder.num_events} KV events, {skipped} left out"
           + (": " + "; ".join(f"{v} {k}" for k, v in builder.skipped.items()) if skipped
-             else "") + ")")
+             else "") + ")"
+          + (f"; the raw stream is in {saved.path}" if saved is not None else ""))
+    if missed:
+        print(f"kvconform: {where}: {missed} batches published before the subscription "
+              "or in between were not received (their chains are left out; "
+              "--replay-endpoint fetches them)", file=sys.stderr)
+    if code != ExitCode.OK:
+        return code
     return replay_on_impl(args.out) if args.check else ExitCode.OK
 
 
@@ -506,15 +540,24 @@ def _sources() -> tuple[_Source, ...]:
            "server died without a signal, the cut tail."),
         _Source("kv-events", "a server's KV event stream as trace checkpoints",
                 _cmd_kv_events, (
-            ("--endpoint", dict(metavar="EP", help="the publisher, e.g. tcp://host:5557")),
+            ("--endpoint", dict(metavar="EP", help="connect to the publisher, which binds: "
+                                "vLLM's endpoint tcp://*:PORT or ipc://PATH")),
+            ("--bind", dict(metavar="EP", help="bind here, and vLLM connects: for an endpoint "
+                            "such as tcp://127.0.0.1:PORT (the loopback rule: vLLM connects "
+                            "to any address that is not a wildcard or ipc://)")),
             ("--replay-endpoint", dict(metavar="EP", help="vLLM's replay socket: fetch the "
-                                       "batches published before")),
+                                       "batches published before (and any gap)")),
             ("--topic", dict(default="")),
-            ("--seconds", dict(type=float, help="stop after this long")),
+            ("--wait", dict(type=float, default=300.0, metavar="SECONDS",
+                            help="wait this long for the first batch (the server may still "
+                            "be starting; default 300); nothing by then is exit 3")),
+            ("--seconds", dict(type=float, help="stop this long after the first batch")),
             ("--batches", dict(type=int, help="stop after this many batches")),
-            ("--idle", dict(type=float, help="stop after this long without a batch")),
-            ("--from-stream", dict(metavar="FILE", help="a stream saved with --save-stream")),
-            ("--save-stream", dict(metavar="FILE", help="also save the raw batches")),
+            ("--idle", dict(type=float, help="stop after this long without a batch (after "
+                            "the first)")),
+            ("--from-stream", dict(metavar="FILE", help="a saved raw stream")),
+            ("--save-stream", dict(metavar="FILE", help="where the raw batches are written as "
+                                   "they arrive (default: OUT with .kvstream for .jsonl)")),
             ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
             ("--vllm-version", dict(help="the server's vLLM (default: the installed one)")),
             ("--hash-algo", dict(default="sha256", choices=list(HASH_FUNCTIONS),
@@ -525,7 +568,8 @@ def _sources() -> tuple[_Source, ...]:
                                  "(0.32 hashes it; events carry only the name)")),
             _check_arg("the trace"),
         ), "Subscribe to vLLM's KV events (ZMQ; msgpack in the older array or the newer map "
-           "encoding) and write a trace whose checkpoints hold the published events, preceded "
+           "encoding; Ctrl-C or SIGTERM ends a live subscription, keeping what came) and "
+           "write a trace whose checkpoints hold the published events, preceded "
            "by the calls that make a KV cache manager store and drop those blocks; replaying "
            "it checks the impl's events against the server's."),
         _Source("overhead", "steps/s of the tiny engine with and without recording",
