@@ -20,7 +20,6 @@ history.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -223,7 +222,11 @@ def check_trace(
         if observe_pool:
             outcome.pool_timeline, outcome.request_index = [], {}
         t_run = time.perf_counter()
-        n = _run(trace, backends, outcome, writer, bar)
+        try:
+            n = _run(trace, backends, outcome, writer, bar)
+        finally:
+            if bar is not None:
+                bar.close()
         outcome.run_seconds = time.perf_counter() - t_run
         outcome.num_events = n
         if outcome.divergence is not None:
@@ -247,11 +250,11 @@ def check_trace(
 
 
 def _progress(trace: Trace):
-    if not sys.stderr.isatty() or trace.size < (1 << 20):
-        return None
-    from tqdm import tqdm
+    """A bar on a terminal once a trace takes more than a second, a line every
+    few seconds otherwise (harness/progress.py)."""
+    from harness.progress import Progress
 
-    return tqdm(total=trace.size, unit="B", unit_scale=True, desc=trace.path, leave=False)
+    return Progress(trace.size, trace.path, unit="bytes", delay=1.0)
 
 
 def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
@@ -285,8 +288,6 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
             done = trace.bytes_read()
             bar.update(done - last_bytes)
             last_bytes = done
-    if bar is not None:
-        bar.close()
     return n
 
 

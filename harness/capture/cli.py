@@ -294,7 +294,7 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
         subscribe,
     )
     from harness.capture.kv_event_trace import EventTraceBuilder, StreamFile, read_stream
-    from harness.capture.progress import Progress
+    from harness.progress import Progress
     from impl.profiles import UnsupportedVersion, get_profile
 
     if not args.out.endswith(".jsonl"):
