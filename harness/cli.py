@@ -167,7 +167,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from harness.replay import check_trace
-    from harness.report_page import write_report
+    from harness.report import verdict_of
+    from harness.report_page import page_names, write_index, write_report
 
     paths, codes = trace_paths(args.traces)
     if not paths:
@@ -175,13 +176,53 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.diff and (code := check_vllm()) is not None:
         return code
     backends = ["vllm", "impl"] if args.diff else ["impl"]
+    names = page_names(paths)
+    entries = []
     for path in paths:
-        o = check_trace(path, backends, observe_pool=True)
+        o = check_trace(path, backends, progress=True, observe_pool=True)
         if o.error is not None:
             print(str(o.error), file=sys.stderr)
-        written = write_report(o, args.out)
-        print(f"{path}: {', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
+        written = write_report(o, args.out, names[path])
+        entries.append((o, written))
+        print(f"{path}: {verdict_of(o)}: "
+              f"{', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
         codes.append(o.exit_code)
+    print(f"index: {write_index(entries, args.out)}")
+    return worst(codes)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from harness.replay import check_trace
+    from harness.report import format_traffic, outcome_json
+
+    paths, codes = trace_paths(args.traces)
+    if not paths:
+        return worst(codes)
+    results = []
+    for path in paths:
+        o = check_trace(path, ["impl"], progress=not args.json, observe=True)
+        codes.append(o.exit_code)
+        if o.error is not None:
+            print_error(o.error)
+        if args.json:
+            result = outcome_json(o)
+            if o.traffic is not None:
+                result["traffic"] = o.traffic.summary()
+                result["requests"] = [
+                    {"req": r.req, "prompt": r.prompt, "hit_tokens": r.hit_tokens,
+                     "peak_blocks": r.peak_blocks, "first_step": r.first_step,
+                     "last_step": r.last_step, "preemptions": r.preemptions}
+                    for r in o.traffic.requests.values()]
+                result["steps"] = [
+                    {"step": st.step, "lookups": st.lookups, "queried_tokens": st.queries,
+                     "hit_tokens": st.hits, "preemptions": st.preemptions,
+                     "evicted_blocks": st.evicted if o.traffic.counts_evictions else None,
+                     "usage": round(st.usage, 4)} for st in o.traffic.steps]
+            results.append(result)
+        elif o.error is None:
+            print("\n".join(format_traffic(o, args.requests)))
+    if args.json:
+        print(json.dumps(results, indent=1))
     return worst(codes)
 
 
@@ -319,6 +360,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", action="store_true",
                    help="run impl and the installed vLLM side by side (default: impl replay)")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("stats", help="the traffic of a trace: hit rate over steps, pool "
+                       "usage, preemptions, evictions, a table per request (no vLLM needed)",
+                       description="Replay each trace on impl (no vLLM needed) and show its "
+                       "traffic: the prefix-cache hit rate overall and over scheduler steps, "
+                       "pool usage, preemptions, evicted blocks (traces with KV events), and "
+                       "per request its prompt length, hit tokens, peak blocks and the steps "
+                       "it lived. A trace that diverges on impl shows what it got to (exit 1).")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
+    p.add_argument("--json", action="store_true", help="everything, per step and per request, "
+                   "as JSON on stdout")
+    p.add_argument("--requests", type=int, default=20, metavar="N",
+                   help="requests listed in the table (default 20; 0: none; --json: all)")
+    p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser("gate", help="the CI conformance gate: every trace, the seeded "
                        "workloads and a short fuzz; JUnit XML and a markdown summary",

@@ -330,5 +330,13 @@ class Backend(ABC):
         codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
         return codes
 
+    def pending_kv_events(self) -> list | None:
+        """The KV events the manager has queued and not handed out yet (its
+        pool's queue; vLLM's shape), read without draining them: reports count
+        evictions with it. None when the config publishes no KV events."""
+        if not self.config.enable_kv_cache_events:
+            return None
+        return self.manager.block_pool.kv_event_queue
+
     def close(self) -> None:
         """Release what the backend holds (nothing by default)."""

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from harness.capture.errors import CaptureGap
 from harness.capture.presets import Preset
-from harness.progress import Progress
 from harness.capture.scheduler_capture import CaptureResult, hash_seed_env
 from harness.capture.synth import SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
+from harness.progress import Progress
 
 
 class EngineEnvironmentError(RuntimeError):
