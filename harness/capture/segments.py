@@ -108,12 +108,12 @@ class SegmentWriter:
             return
         if self._header is not None:
             self._start()
+        if self._in_part >= self.max_events:  # a full part ends when a line follows
+            self._pending.append(_ROTATE)
+            self._in_part = 0
         self._pending.append(encode_line(obj))
         self.num_events += 1
         self._in_part += 1
-        if self._in_part >= self.max_events:
-            self._pending.append(_ROTATE)
-            self._in_part = 0
         if self._sync:
             self.flush()
 
