@@ -77,6 +77,7 @@ class Traffic:
     _stride: int = 1
     _queue: object = None
     _seen: int = 0
+    _hit_blocks: dict = field(default_factory=dict)  # request -> blocks its lookup hit
 
     # -- totals --------------------------------------------------------------------------
 
@@ -149,16 +150,21 @@ class Traffic:
             now.hits += answer["hit_tokens"]
             if row.hit_tokens is None:
                 row.hit_tokens = answer["hit_tokens"]
+            # Adopted by the request's next allocation (harness/events.py).
+            self._hit_blocks[event.req] = _count(answer["block_ids"])
         elif kind == "allocate":
+            adopted = self._hit_blocks.pop(event.req, 0)
             ids = answer.get("block_ids")
-            if ids:
+            if ids is not None:
                 row = self.requests[event.req]
-                row.blocks += sum(1 for group in ids for b in group if b)
+                row.blocks += _count(ids) + adopted
                 row.peak_blocks = max(row.peak_blocks, row.blocks)
         elif kind == "free":
             row = self.requests[event.req]
             row.last_step, row.blocks = step, 0
+            self._hit_blocks.pop(event.req, None)
         elif kind == "preempt":
+            self._hit_blocks.pop(event.req, None)
             row = self.requests[event.req]
             row.preemptions += 1
             row.blocks = 0
@@ -224,3 +230,8 @@ class Traffic:
         codes = backend.pool_codes(self.request_index)
         self.num_blocks = len(codes)
         self.samples.append(PoolSample(index, line, step, codes))
+
+
+def _count(block_ids: list[list[int]]) -> int:
+    """Blocks of an answer's per-group ids, the null block (0) left out."""
+    return sum(1 for group in block_ids for b in group if b)

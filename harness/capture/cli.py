@@ -345,12 +345,12 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
             if saved is not None:
                 saved.write(batch)  # on disk as it arrives
             bar.update()
-    except StreamUnavailable as e:
-        print(f"kvconform: {where}: {e}", file=sys.stderr)
-        code = ExitCode.ENVIRONMENT
     except StreamError as e:
-        print(f"kvconform: {where}: {e}", file=sys.stderr)
-        code = ExitCode.BAD_INPUT
+        # A saved stream's errors name its file and line already.
+        print(f"kvconform: {e}" if args.from_stream else f"kvconform: {where}: {e}",
+              file=sys.stderr)
+        code = ExitCode.ENVIRONMENT if isinstance(e, StreamUnavailable) else \
+            ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a live subscription; what came is kept
     finally:
@@ -358,6 +358,8 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
         bar.close()
         if saved is not None:
             saved.close()
+    if code != ExitCode.OK and args.from_stream:
+        return code  # a bad saved stream: nothing written
     if builder.num_batches == 0:
         if saved is not None:
             saved.remove()
