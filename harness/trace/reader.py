@@ -158,6 +158,8 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise TraceError(path, line, "(yaml)", str(getattr(e, "problem", e))) from None
+    except RecursionError:  # PyYAML's parser recurses once per nesting level
+        raise TraceError(path, 1, "(yaml)", "nested too deeply") from None
     if doc is None:
         raise TraceError(path, 1, "(file)", "empty file: a trace needs a header and events")
     if not isinstance(doc, dict) or "header" not in doc:
