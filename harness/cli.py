@@ -141,6 +141,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                 fuzz_config = FuzzConfig.from_dict(yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             return fail(f"{args.config}: {e}")
+        except RecursionError:
+            return fail(f"{args.config}: nested too deeply")
     if (code := check_vllm()) is not None:
         return code
     profile = installed_vllm_profile()

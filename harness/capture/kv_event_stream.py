@@ -100,7 +100,59 @@ def decode_payload(payload: bytes, seq: int = -1) -> EventBatch:
         encodings.add(enc)
     encoding = encodings.pop() if len(encodings) == 1 else ("mixed" if encodings else "none")
     rank = obj[2] if len(obj) > 2 else None
-    return EventBatch(seq, float(obj[0]), events, rank, encoding)
+    try:
+        batch = EventBatch(seq, float(obj[0]), events, rank, encoding)
+    except (TypeError, ValueError):
+        raise StreamError(f"batch {seq}: ts: a number, not {obj[0]!r:.40}") from None
+    problem = batch_problem(batch)
+    if problem is not None:
+        raise StreamError(f"batch {seq}: {problem}")
+    return batch
+
+
+def _is_hash(h) -> bool:
+    return (isinstance(h, int) and not isinstance(h, bool)) or isinstance(h, str)
+
+
+def _is_count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
+def batch_problem(b: EventBatch) -> str | None:
+    """What makes a batch unusable for a trace (`field: message`), or None:
+    a stream may come from anywhere, and its fields go straight into requests."""
+    if not isinstance(b.seq, int) or isinstance(b.seq, bool):
+        return f"seq: an integer, not {b.seq!r:.40}"
+    if not isinstance(b.ts, (int, float)) or isinstance(b.ts, bool):
+        return f"ts: a number, not {b.ts!r:.40}"
+    if not isinstance(b.events, list):
+        return "events: a list of events"
+    for i, ev in enumerate(b.events):
+        if not isinstance(ev, dict) or ev.get("type") not in ARRAY_FIELDS:
+            return f"events[{i}]: not a KV event ({str(ev)[:60]})"
+        hashes, tokens = ev.get("block_hashes", []), ev.get("token_ids", [])
+        parent = ev.get("parent_block_hash")
+        if not isinstance(hashes, list) or not all(map(_is_hash, hashes)) or (
+                parent is not None and not _is_hash(parent)):
+            return f"events[{i}].block_hashes: integers or hex strings"
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+            return f"events[{i}].token_ids: a list of token ids"
+        if ev["type"] != "BlockStored":
+            continue
+        if not _is_count(ev.get("block_size")):
+            return f"events[{i}].block_size: a positive integer"
+        for name in ("lora_name", "session_id"):
+            if ev.get(name) is not None and not isinstance(ev[name], str):
+                return f"events[{i}].{name}: a string"
+        lora_id = ev.get("lora_id")
+        if lora_id is not None and not _is_count(lora_id):
+            return f"events[{i}].lora_id: a positive integer"
+        extra = ev.get("extra_keys")
+        if extra is not None and not (isinstance(extra, list) and all(
+                k is None or isinstance(k, list) for k in extra)):
+            return f"events[{i}].extra_keys: a list (per block) of lists or nulls"
+    return None
 
 
 @dataclass(slots=True)

@@ -258,7 +258,7 @@ class StreamFile:
 
 def read_stream(path: str) -> Iterator[EventBatch]:
     """The batches of a saved stream (StreamFile); StreamError names a bad line."""
-    from harness.capture.kv_event_stream import StreamError
+    from harness.capture.kv_event_stream import StreamError, batch_problem
 
     try:
         f = open(path)
@@ -268,7 +268,12 @@ def read_stream(path: str) -> Iterator[EventBatch]:
         for n, line in enumerate(f, 1):
             try:
                 d = json.loads(line)
-                yield EventBatch(d["seq"], d["ts"], d["events"], d.get("rank"),
-                                 d.get("encoding", "map"))
+                batch = EventBatch(d["seq"], d["ts"], d["events"], d.get("rank"),
+                                   d.get("encoding", "map"))
             except (ValueError, KeyError, TypeError, RecursionError) as e:
                 raise StreamError(f"{path}:{n}: (line): not a saved batch ({e})") from None
+            problem = batch_problem(batch)
+            if problem is not None:
+                raise StreamError(f"{path}:{n}: {problem}")
+            yield batch
+
