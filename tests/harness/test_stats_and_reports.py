@@ -136,3 +136,15 @@ def test_a_diff_that_checked_nothing_is_exit_3(tmp_path, capsys):
     assert main(["diff", str(folder)]) == 3
     out, err = capsys.readouterr()
     assert "skipped" in out and "no trace was checked" in err
+
+
+@pytest.mark.vllm
+def test_the_gate_shows_a_truncated_trace_as_truncated(tmp_path):
+    from harness.cases import run_trace
+    from harness.gate import format_table
+
+    header = {**HEADER, "truncated": "the server died without closing its capture"}
+    case = run_trace(_trace(tmp_path / "t.jsonl", header))
+    assert case.exit_code == 0 and case.verdict == "truncated"
+    assert "lacks its end" in case.report
+    assert format_table([case]).splitlines()[2].endswith("truncated")
