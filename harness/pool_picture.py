@@ -62,6 +62,7 @@ def draw_pool(traffic: Traffic, path: str, divergence: bool = False,
     import numpy as np
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
 
     samples = traffic.samples
     used = 1  # rows up to the highest block ever not free and empty
@@ -113,8 +114,12 @@ def draw_pool(traffic: Traffic, path: str, divergence: bool = False,
     ax_hit.set_ylim(-0.05, 1.05)
     ax_hit.set_ylabel("hit rate")
     ax_hit.legend(loc="upper left", fontsize=7, frameon=False, ncol=2)
-    ax_use.fill_between(sx, [s.usage for s in steps], step="mid", color="#2ca02c", alpha=0.5)
-    ax_use.set_ylim(0, 1.05)
+    usage = [s.usage for s in steps]
+    ax_use.fill_between(sx, usage, step="mid", color="#2ca02c", alpha=0.5)
+    peak = max(usage, default=0.0)
+    # A server's pool is often large and little used: scale to what it used.
+    ax_use.set_ylim(0, 1.05 if peak > 0.5 else max(peak * 1.25, 0.001))
+    ax_use.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
     ax_use.set_ylabel("pool usage")
     ax_use.set_xlabel(unit)
     ax_use.set_xlim(left, right)

@@ -144,7 +144,9 @@ def format_traffic(o: TraceOutcome, max_requests: int = 20) -> list[str]:
     if t.steps and t.queries:
         lines.append(f"    per {unit}:   |" + _spark([s.hits / s.queries if s.queries else None
                                                       for s in t.steps]) + "|")
-    lines.append(f"  pool usage: peak {100 * t.peak_usage:.1f}%")
+    peak = 100 * t.peak_usage
+    lines.append(f"  pool usage: peak {peak:.2f}%" if 0 < peak < 1 else
+                 f"  pool usage: peak {peak:.1f}%")
     if t.steps:
         lines.append(f"    per {unit}:   |" + _spark([s.usage for s in t.steps]) + "|")
     evicted = ("not counted (the trace's vLLM published no KV events)" if t.evicted is None

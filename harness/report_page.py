@@ -74,7 +74,9 @@ def _detail(o: TraceOutcome) -> str:
 
 
 def _percent(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+    if x is None:
+        return "–"
+    return f"{100 * x:.2f}%" if 0 < x < 0.01 else f"{100 * x:.1f}%"
 
 
 def _numbers(t: Traffic | None) -> dict[str, str]:
