@@ -37,6 +37,7 @@ import os
 from dataclasses import dataclass, field
 
 from harness.capture.sinks import JsonlSink
+from harness.progress import Progress
 from harness.trace import open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
 
@@ -130,7 +131,7 @@ def _max_token(path: str) -> int:
 def resolve_key(key: str | None) -> bytes:
     key = key if key is not None else os.environ.get(ENV_KEY)
     if not key:
-        raise AnonymizeError(f"anonymize needs a key: --key KEY or the {ENV_KEY} environment "
+        raise AnonymizeError(f"anonymize needs a key: set the {ENV_KEY} environment "
                              "variable (keep it secret: it undoes the remap)")
     return key.encode()
 
@@ -142,14 +143,20 @@ def anonymize(src: str, out: str, key: bytes, vocab: int | None = None) -> int:
     trace = open_trace(src)
     h = trace.header
     header = TraceHeader(h.vllm_version, h.source, h.cache,
-                         "anonymised trace (kvconform anonymize)", h.model, None)
+                         "anonymised trace (kvconform anonymize)", h.model, None,
+                         truncated=h.truncated)
     sink = JsonlSink(out, header)
+    bar = Progress(trace.size, f"anonymize {src}", unit="bytes", delay=1.0)
     try:
         for rec in trace.records:
             sink.write(_rewrite(anon, event_to_dict(rec.event, rec.answer, rec.expect)))
+            if sink.num_events % 4096 == 0:
+                bar.update(trace.bytes_read() - bar.n)
     except BaseException:
         sink.abort()
         raise
+    finally:
+        bar.close()
     sink.close()
     return sink.num_events
 

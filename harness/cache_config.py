@@ -69,6 +69,10 @@ class CacheConfig:
     # PYTHONHASHSEED for the NONE_HASH seed; None reproduces vLLM's unseeded
     # behaviour, which for some versions/algorithms is random (not replayable).
     hash_seed: str | None = "0"
+    # The NONE_HASH (hex) the capture's vLLM used, when recorded: replays use
+    # it rather than deriving one from hash_seed (an unseeded vLLM may have
+    # drawn it at random).
+    none_hash: str | None = None
     enable_caching: bool = True
     max_model_len: int = 1 << 16
     log_stats: bool = True

@@ -42,9 +42,13 @@ class Case:
     seconds: float
     exit_code: ExitCode
     report: str = ""  # what failed, "" when conformant
+    # A trace that lacks its end (header `truncated`): a pass says so.
+    truncated: bool = False
 
     @property
     def verdict(self) -> str:
+        if self.truncated and self.exit_code == ExitCode.OK:
+            return "truncated"
         return VERDICTS[self.exit_code]
 
 
@@ -113,7 +117,10 @@ def run_trace(path: str) -> Case:
         report = str(o.error)
     elif o.divergence is not None:
         report = format_failure(o.divergence, o.context)
-    return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report)
+    if o.truncated and not report:
+        report = f"{o.path}: conformant as far as it goes; it lacks its end: {o.truncated}"
+    return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report,
+                truncated=o.truncated is not None)
 
 
 def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:

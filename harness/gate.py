@@ -44,6 +44,7 @@ class _Collector:
                 props.get("kvconform_seconds", report.duration),
                 ExitCode(code),
                 "" if report.passed else str(report.longrepr),
+                truncated=bool(props.get("kvconform_truncated", False)),
             )
 
     def pytest_collectreport(self, report) -> None:
@@ -121,7 +122,7 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
         return fail(f"the gate could not run its cases (pytest exit {int(rc)})")
     print(format_table(cases))
     for c in cases:
-        if c.exit_code != ExitCode.OK:
+        if c.exit_code != ExitCode.OK or c.truncated:
             print(f"\n{c.name}:\n{c.report}")
     if summary:
         Path(summary).write_text(format_summary(cases, seconds, vllm_version))

@@ -20,11 +20,10 @@ history.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
@@ -35,6 +34,8 @@ from harness.exit_codes import ExitCode
 from harness.lockstep import run_event
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
+from harness.trace.rules import random_none_hash
+from harness.traffic import Traffic
 from impl.profiles import VersionProfile
 
 RECORDED = "recorded"
@@ -63,10 +64,12 @@ class TraceOutcome:
     skipped: str | None = None
     recorded: str | None = None  # path written by record
     profile: str | None = None  # the trace's version profile, once its header is read
-    # With observe_pool: per event (trace line, op, pool codes) of the first
-    # backend, for the block-pool picture (Backend.pool_codes).
-    pool_timeline: list[tuple[int, str, list[int]]] | None = None
-    request_index: dict[str, int] | None = None
+    # The header's `truncated` note: the trace lacks its end (a capture whose
+    # server died), so a pass is "truncated", never plainly "conformant".
+    truncated: str | None = None
+    # With observe: the run's traffic step by step, as the first backend saw
+    # it (harness/traffic.py), with observe_pool also the pool's states.
+    traffic: Traffic | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -171,6 +174,7 @@ def check_trace(
     writer_path: str | None = None,
     explicit: bool = True,
     check_invariants: bool = False,
+    observe: bool = False,
     observe_pool: bool = False,
 ) -> TraceOutcome:
     """Run one trace through the named backends (in lockstep) and check it.
@@ -179,7 +183,8 @@ def check_trace(
     trace there (record). `explicit` is False for traces found in a folder: a
     trace for another vLLM version is then skipped rather than an error. With
     `check_invariants`, impl's invariant checker runs after every event and a
-    violation counts as a divergence.
+    violation counts as a divergence. With `observe` (or `observe_pool`: also
+    the pool's states, for the picture), the outcome keeps the run's traffic.
     """
     outcome = TraceOutcome(path)
     t0 = time.perf_counter()
@@ -187,6 +192,13 @@ def check_trace(
     try:
         trace = open_trace(path)
         outcome.profile = trace.profile.name
+        outcome.truncated = trace.header.truncated
+        if writer_path is None and random_none_hash(trace.header, trace.profile):
+            raise TraceError(path, 1, "cache.hash_seed", "not replayable: random NONE_HASH "
+                             f"(hash_seed null: vLLM {trace.header.vllm_version} drew NONE_HASH "
+                             f"at random for {trace.header.cache.hash_algo} and the trace does "
+                             "not record it in cache.none_hash; capture with PYTHONHASHSEED "
+                             "set, or with kvconform's capture, which records it)")
         try:
             if "vllm" in backend_names:
                 installed = installed_vllm_profile()
@@ -201,14 +213,22 @@ def check_trace(
             from harness.backends.vllm_backend import installed_vllm_version
 
             header = trace.header
+            cache = header.cache
+            if cache.hash_seed is None and cache.none_hash is None:
+                # Whatever NONE_HASH vLLM drew, the recorded answers need it.
+                cache = replace(cache, none_hash=backends[0].none_hash)
             writer = TraceWriter(writer_path, TraceHeader(
-                installed_vllm_version(), header.source, header.cache, header.description,
-                header.model, header.tensors))
+                installed_vllm_version(), header.source, cache, header.description,
+                header.model, header.tensors, truncated=header.truncated))
         bar = _progress(trace) if progress else None
-        if observe_pool:
-            outcome.pool_timeline, outcome.request_index = [], {}
+        if observe or observe_pool:
+            outcome.traffic = Traffic(pool_samples=observe_pool)
         t_run = time.perf_counter()
-        n = _run(trace, backends, outcome, writer, bar)
+        try:
+            n = _run(trace, backends, outcome, writer, bar)
+        finally:
+            if bar is not None:
+                bar.close()
         outcome.run_seconds = time.perf_counter() - t_run
         outcome.num_events = n
         if outcome.divergence is not None:
@@ -232,11 +252,11 @@ def check_trace(
 
 
 def _progress(trace: Trace):
-    if not sys.stderr.isatty() or trace.size < (1 << 20):
-        return None
-    from tqdm import tqdm
+    """A bar on a terminal once a trace takes more than a second, a line every
+    few seconds otherwise (harness/progress.py)."""
+    from harness.progress import Progress
 
-    return tqdm(total=trace.size, unit="B", unit_scale=True, desc=trace.path, leave=False)
+    return Progress(trace.size, trace.path, unit="bytes", delay=1.0)
 
 
 def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
@@ -244,34 +264,42 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
     """The events through run_event, each agreed answer checked against the
     trace's recorded answer and expectations; stops at the first failure."""
     reference, others = backends[0], tuple(backends[1:])
-    timeline, request_index = outcome.pool_timeline, outcome.request_index
+    traffic = outcome.traffic
     n = 0
     last_bytes = 0
+    line = 0
     for record in trace.records:
         n += 1
         answer = run_event(record.event, reference, others)
         if answer.__class__ is Failure:
+            if traffic is not None:
+                traffic.finish(n - 1, record.line, reference)
             _stop(trace.path, n, record, answer, outcome)
             return n
         recorded = record.answer
+        if traffic is not None:
+            traffic.observe(n - 1, record.line, record.event, answer, reference)
         if recorded is not None and recorded != answer:
             outcome.divergence = _divergence(trace.path, n, record, {RECORDED: recorded,
                                                                      reference.name: answer})
-            return n
+            return _finish(traffic, n, record.line, reference)
         if record.expect is not None and check_expected(answer, record.expect) is not None:
             outcome.divergence = _divergence(trace.path, n, record, {EXPECTED: record.expect,
                                                                      reference.name: answer})
-            return n
+            return _finish(traffic, n, record.line, reference)
         if writer is not None:
             writer.write(record.event, answer, record.expect, record.note)
-        if timeline is not None:
-            timeline.append((record.line, record.event.kind, reference.pool_codes(request_index)))
+        line = record.line
         if bar is not None and n % 4096 == 0:
             done = trace.bytes_read()
             bar.update(done - last_bytes)
             last_bytes = done
-    if bar is not None:
-        bar.close()
+    return _finish(traffic, n, line, reference)
+
+
+def _finish(traffic: Traffic | None, n: int, line: int, reference: Backend) -> int:
+    if traffic is not None and n:
+        traffic.finish(n - 1, line, reference)
     return n
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +84,8 @@ class AttentionOptions:
     v_scale: float = 1.0
     device: str = "cpu"
     max_batches: int | None = None
+    # Called after each batch checked (a progress display).
+    on_batch: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -237,6 +240,8 @@ def _run(path: str, options: AttentionOptions, outcome: AttentionOutcome) -> Non
             if divergence is not None:
                 outcome.divergence = divergence
                 return
+        if options.on_batch is not None:
+            options.on_batch()
 
 
 def _kind(group) -> AttentionKind:

@@ -127,13 +127,27 @@ class Backend(ABC):
         return {"block_hashes": [h.hex() for h in self.append_tokens(ev.req, ev.tokens)]}
 
     def _on_cache_blocks(self, ev: CacheBlocks) -> dict:
+        request = self._request(ev.req)
+        self._check_cacheable(ev)
         self.cache_blocks(ev.req, ev.num_computed_tokens)
-        request = self.requests[ev.req]
         if request.status == self.status_waiting_remote:
             # The scheduler caches a request's blocks when its KV load finishes,
             # and puts it back to waiting.
             request.status = self.status_waiting
         return {}
+
+    def _check_cacheable(self, ev: CacheBlocks) -> None:
+        """vLLM's cache_blocks hashes the request's first full blocks: it
+        fails (IndexError) on tokens beyond the blocks the request holds."""
+        if not self.config.enable_caching:
+            return
+        for g, manager in enumerate(self.manager.coordinator.single_type_managers):
+            held = len(manager.req_to_blocks.get(ev.req, ()))
+            full = ev.num_computed_tokens // manager.block_size
+            if full > held:
+                raise BackendError(
+                    f"vLLM rejects this: {ev.num_computed_tokens} tokens fill {full} blocks "
+                    f"of group {g}, but request '{ev.req}' holds {held}", "num_computed_tokens")
 
     def _on_record_stats(self, ev: RecordStats) -> dict:
         self.record_stats(ev.req, ev.num_hits)
@@ -192,7 +206,15 @@ class Backend(ABC):
         return list(request.block_hashes)
 
     def lookup(self, req: str) -> tuple[BlockIds, int]:
-        blocks, hit_tokens, block_ids = self._get_computed_blocks(self._request(req))
+        request = self._request(req)
+        if request.num_computed_tokens:
+            # vLLM's scheduler looks up only requests with nothing computed
+            # (new or preempted ones); a lookup now would hand allocate blocks
+            # the request already holds.
+            raise BackendError(f"vLLM rejects this: request '{req}' is running "
+                               f"({request.num_computed_tokens} computed tokens); only waiting "
+                               "requests are looked up")
+        blocks, hit_tokens, block_ids = self._get_computed_blocks(request)
         self._pending_hit[req] = (blocks, hit_tokens)
         return block_ids, hit_tokens
 
@@ -307,6 +329,14 @@ class Backend(ABC):
                     codes[b.block_id] = k if codes[b.block_id] < 0 else POOL_SHARED
         codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
         return codes
+
+    def pending_kv_events(self) -> list | None:
+        """The KV events the manager has queued and not handed out yet (its
+        pool's queue; vLLM's shape), read without draining them: reports count
+        evictions with it. None when the config publishes no KV events."""
+        if not self.config.enable_kv_cache_events:
+            return None
+        return self.manager.block_pool.kv_event_queue
 
     def close(self) -> None:
         """Release what the backend holds (nothing by default)."""

@@ -51,7 +51,8 @@ class ImplBackend(Backend):
         self.hasher = RequestBlockHasher(
             hash_block_size,
             get_hash_fn(config.hash_algo),
-            none_hash(profile, config.hash_algo, config.hash_seed),
+            bytes.fromhex(config.none_hash) if config.none_hash is not None
+            else none_hash(profile, config.hash_algo, config.hash_seed),
             profile.tagged_extra_keys,
         )
         self._no_blocks = self.manager.empty_kv_cache_blocks

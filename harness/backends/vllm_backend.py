@@ -223,6 +223,8 @@ class VllmBackend(Backend):
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.
         with _env("PYTHONHASHSEED", config.hash_seed):
             kv_cache_utils.init_none_hash(hash_fn)
+        if config.none_hash is not None:  # the one the trace's vLLM used
+            kv_cache_utils.NONE_HASH = bytes.fromhex(config.none_hash)
         self._none_hash = kv_cache_utils.NONE_HASH
         self._block_hasher = kv_cache_utils.get_request_block_hasher(
             hash_block_size, hash_fn
@@ -232,6 +234,11 @@ class VllmBackend(Backend):
     @property
     def _release(self) -> str:
         return installed_vllm_version()
+
+    @property
+    def none_hash(self) -> str:
+        """The NONE_HASH this backend hashes with (hex): `record` writes it."""
+        return bytes(self._none_hash).hex()
 
     def _own_none_hash(self) -> None:
         # Another vLLM backend in this process may have re-seeded the global.

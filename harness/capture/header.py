@@ -103,6 +103,17 @@ def cache_config_of(scheduler) -> CacheConfig:
                          "only (run vLLM with prefix_cache_retention_interval=None)")
     cache = scheduler.cache_config
     extra = {}
+    hash_seed = os.environ.get("PYTHONHASHSEED")
+    if hash_seed is None and cache.enable_prefix_caching:
+        # Unseeded, vLLM may have drawn NONE_HASH at random (per process): the
+        # trace carries the one it drew, or no replay could reproduce a hash.
+        # It is set when the engine core starts, after the scheduler: the
+        # plugin builds the header it writes at the first recorded call.
+        from vllm.v1.core import kv_cache_utils
+
+        drawn = getattr(kv_cache_utils, "NONE_HASH", None)
+        if drawn is not None:
+            extra["none_hash"] = bytes(drawn).hex()
     dcp = int(getattr(scheduler, "dcp_world_size", 1) or 1)
     if dcp != 1:
         extra["dcp_world_size"] = dcp
@@ -118,7 +129,7 @@ def cache_config_of(scheduler) -> CacheConfig:
         groups=groups,
         hash_algo=cache.prefix_caching_hash_algo,
         # vLLM seeds NONE_HASH from PYTHONHASHSEED when the engine starts.
-        hash_seed=os.environ.get("PYTHONHASHSEED"),
+        hash_seed=hash_seed,
         enable_caching=bool(cache.enable_prefix_caching),
         max_model_len=scheduler.max_model_len,
         log_stats=bool(scheduler.log_stats),

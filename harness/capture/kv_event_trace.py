@@ -32,7 +32,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from harness.cache_config import CacheConfig, GroupConfig
@@ -70,6 +70,7 @@ class EventTraceBuilder:
     _spool: object = None
     _tagged: bool = True
     num_lines: int = 0
+    _max_seq: int = -1
 
     def __post_init__(self) -> None:
         self._tagged = get_profile(self.vllm_version).tagged_extra_keys
@@ -98,6 +99,7 @@ class EventTraceBuilder:
                 kept.append(ev)
             else:
                 self.skipped[reason] += 1
+        self._max_seq = max(self._max_seq, batch.seq)
         if kept:
             out.append({"op": "checkpoint", "fields": ["events"], "answer": {"events": kept},
                         "note": f"KV event batch seq {batch.seq} (ts {batch.ts:.6f})"})
@@ -198,6 +200,10 @@ class EventTraceBuilder:
             out += p
         return out
 
+    def missed_batches(self) -> int:
+        """Sequence numbers never seen between 0 and the last batch received."""
+        return self._max_seq + 1 - self.num_batches if self._max_seq >= 0 else 0
+
     # -- the trace -----------------------------------------------------------------------------
 
     def header(self, description: str) -> TraceHeader:
@@ -225,15 +231,49 @@ class EventTraceBuilder:
         return sink.num_events
 
 
-def save_batches(batches: Iterable[EventBatch], path: str) -> int:
-    """The raw stream as JSON lines (seq, ts, rank, encoding, events): what a
-    capture saw, to rebuild the trace later with other hash settings."""
-    n = 0
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)) or ".")
-    with os.fdopen(fd, "w") as f:
-        for b in batches:
-            f.write(json.dumps({"seq": b.seq, "ts": b.ts, "rank": b.data_parallel_rank,
-                                "encoding": b.encoding, "events": b.events}) + "\n")
-            n += 1
-    os.replace(tmp, path)
-    return n
+class StreamFile:
+    """The raw stream as it arrives, one JSON line per batch (seq, ts, rank,
+    encoding, events), flushed per batch: what a capture saw survives the
+    subscriber, and rebuilds the trace later (--from-stream) with other hash
+    settings."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f = open(path, "w")
+
+    def write(self, b: EventBatch) -> None:
+        self._f.write(json.dumps({"seq": b.seq, "ts": b.ts, "rank": b.data_parallel_rank,
+                                  "encoding": b.encoding, "events": b.events}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def remove(self) -> None:
+        self.close()
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def read_stream(path: str) -> Iterator[EventBatch]:
+    """The batches of a saved stream (StreamFile); StreamError names a bad line."""
+    from harness.capture.kv_event_stream import StreamError, batch_problem
+
+    try:
+        f = open(path)
+    except OSError as e:
+        raise StreamError(f"{path}:0: (file): {e.strerror}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            try:
+                d = json.loads(line)
+                batch = EventBatch(d["seq"], d["ts"], d["events"], d.get("rank"),
+                                   d.get("encoding", "map"))
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
+                raise StreamError(f"{path}:{n}: (line): not a saved batch ({e})") from None
+            problem = batch_problem(batch)
+            if problem is not None:
+                raise StreamError(f"{path}:{n}: {problem}")
+            yield batch
+

@@ -1,4 +1,4 @@
-"""A vLLM general plugin that records traces from an unmodified `vllm serve`.
+"""A vLLM general plugin that records traces from an unmodified vLLM server.
 
 Registered as the entry point `kvconform_capture` in vLLM's group
 `vllm.general_plugins` (pyproject.toml). vLLM loads general plugins in every
@@ -10,6 +10,7 @@ instrumented, and each engine run is one capture session:
     $KVCONFORM_CAPTURE_DIR/<yyyymmdd-hhmmss>-<pid>-<n>/part-000000.kvpart ...
 
 joined into one trace by `kvconform capture join SESSION --out trace.jsonl`.
+`kvconform capture serve -- ARGS` starts vLLM's OpenAI server this way.
 
 Settings (environment):
   KVCONFORM_CAPTURE_DIR         output folder; the plugin is off without it
@@ -19,8 +20,15 @@ Settings (environment):
   KVCONFORM_CAPTURE_SOURCE      the header's `source` (default "production")
   KVCONFORM_CAPTURE_DESCRIPTION the header's `description` (the session's name is added)
 
+What is on disk when (harness/capture/segments.py): a finished request before
+its answer leaves the engine, everything else within half a second; at
+SIGINT/SIGTERM in the engine-core process everything at once, the part under
+its final name, and every later call as it happens (vLLM's default
+`--shutdown-timeout 0` kills the engine core right after SIGTERM); at the
+scheduler's shutdown or process exit the part is closed.
+
 The recorder is lenient here: whatever it cannot record ends the trace (with a
-warning in vLLM's log) and the server carries on untouched.
+warning on stderr) and the server carries on untouched.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ import atexit
 import itertools
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 
 ENV_DIR = "KVCONFORM_CAPTURE_DIR"
@@ -36,9 +47,17 @@ ENV_MAX_EVENTS = "KVCONFORM_CAPTURE_MAX_EVENTS"
 ENV_FREE_QUEUE = "KVCONFORM_CAPTURE_FREE_QUEUE"
 ENV_SOURCE = "KVCONFORM_CAPTURE_SOURCE"
 ENV_DESCRIPTION = "KVCONFORM_CAPTURE_DESCRIPTION"
+# The line a session's start prints (stderr of the engine-core process, which
+# vLLM passes on to the server's): `kvconform capture serve` and tests read it.
+READY = "kvconform capture: recording into "
 
 log = logging.getLogger("kvconform.capture")
 _sessions = itertools.count()
+
+
+def _say(message: str) -> None:
+    """A line on stderr: vLLM's loggers have no handler for ours."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def register() -> None:
@@ -47,8 +66,9 @@ def register() -> None:
         return
     try:
         patch_scheduler()
-    except Exception:  # noqa: BLE001 - a broken plugin must not stop vLLM
-        log.exception("kvconform capture plugin could not install itself")
+    except Exception as e:  # noqa: BLE001 - a broken plugin must not stop vLLM
+        _say(f"kvconform capture: the plugin could not install itself ({e!r}); "
+             "vLLM runs unrecorded")
 
 
 def patch_scheduler() -> None:
@@ -87,21 +107,53 @@ def start_capture(scheduler, folder: str | None = None):
             root, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_sessions)}")
         source = os.environ.get(ENV_SOURCE, "production")
         about = os.environ.get(ENV_DESCRIPTION, "captured by the kvconform plugin")
-        header = header_of(scheduler, source, f"{about} (session {os.path.basename(session)})",
-                           with_model=True)
+        description = f"{about} (session {os.path.basename(session)})"
+
+        def header():
+            return header_of(scheduler, source, description, with_model=True)
+
+        # Checked now (a config the trace cannot state is refused at once);
+        # written at the first call, when vLLM has drawn its NONE_HASH.
+        hash_block_size = header().cache.hash_block_size
         writer = SegmentWriter(session, header,
                                int(os.environ.get(ENV_MAX_EVENTS, "1000000")))
-        recorder = Recorder(writer, header.cache.hash_block_size, strict=False,
+        recorder = Recorder(writer, hash_block_size, strict=False,
                             free_queue_checkpoints=os.environ.get(ENV_FREE_QUEUE) == "1")
         instrument(scheduler.kv_cache_manager, recorder)
         scheduler._kvconform_recorder = recorder
+        _on_stop_signals(writer)
         # A server killed without shutdown still closes its part on exit.
         atexit.register(recorder.stop, "process exit")
-        log.info("kvconform capture: recording into %s", session)
+        _say(f"{READY}{session} (pid {os.getpid()}; join it with: kvconform capture join "
+             f"{session} --out trace.jsonl)")
         return recorder
-    except Exception:  # noqa: BLE001 - never stop the server
-        log.exception("kvconform capture could not start; vLLM runs unrecorded")
+    except Exception as e:  # noqa: BLE001 - never stop the server
+        log.debug("kvconform capture could not start", exc_info=True)
+        _say(f"kvconform capture could not start ({e}); vLLM runs unrecorded")
         return None
+
+
+def _on_stop_signals(writer) -> None:
+    """At SIGINT/SIGTERM, put everything on disk before the handler vLLM (or
+    Python) installed runs: a server stopped with Ctrl-C kills its engine core
+    moments later."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # handlers can only be installed from the main thread
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+
+        def handler(signum, frame, previous=previous):
+            try:
+                writer.stopping()
+            except Exception:  # noqa: BLE001, S110 - whatever happens, vLLM's handler runs
+                pass
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, handler)
 
 
 def stop_capture(scheduler) -> None:

@@ -189,13 +189,21 @@ class _Doc:
             mark = getattr(e, "problem_mark", None)
             raise PresetError(path, mark.line + 1 if mark else 1, "(yaml)",
                               str(getattr(e, "problem", e))) from None
+        except RecursionError:  # PyYAML's parser recurses once per nesting level
+            raise PresetError(path, 1, "(yaml)", "nested too deeply") from None
         self.lines: dict[str, int] = {}
+        self._seen: set[int] = set()
         if node is not None:
             self._index(node, "")
 
     def _index(self, node, prefix: str) -> None:
         import yaml
 
+        # An alias is the node it names: indexed once, or a "billion laughs"
+        # document of a few lines would take hours.
+        if id(node) in self._seen:
+            return
+        self._seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 key = f"{prefix}.{k.value}" if prefix else str(k.value)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,10 +45,19 @@ class Sink(Protocol):
 
     def write(self, obj: dict) -> None: ...
 
+    def commit(self) -> None:
+        """A request finished: what was written must be durable before vLLM
+        answers it (a server's sink writes it out; a file sink may wait)."""
+
     def close(self) -> None: ...
 
 
 _STEP = {"op": "step", "answer": {}}
+
+
+def _say(message: str) -> None:
+    """A line on stderr: a server's loggers have no handler for ours."""
+    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(slots=True)
@@ -109,10 +119,12 @@ class Recorder:
         try:
             return hook(*args, **kwargs)
         except CaptureGap as e:
-            log.warning("kvconform capture stopped: %s (the trace ends before this call)", e)
+            _say(f"kvconform capture stopped: {e} (the trace ends before this call)")
             self.stop(str(e))
         except Exception as e:  # noqa: BLE001 - any bug here must not reach vLLM
-            log.exception("kvconform capture stopped by an internal error")
+            log.debug("kvconform capture: internal error", exc_info=True)
+            _say(f"kvconform capture stopped by an internal error: {e!r} (the trace ends "
+                 "before this call)")
             self.stop(f"internal error: {e!r}")
         return None
 
@@ -280,6 +292,9 @@ class Recorder:
             self.sink.write({"op": "checkpoint", "fields": ["free_queue", "num_free"], "answer": {
                 "free_queue": self._free_queue(),
                 "num_free": self.manager.block_pool.get_num_free_blocks()}})
+        if rid not in self.requests:
+            # Finished: on disk before vLLM hands the output to the client.
+            self.sink.commit()
 
     def on_cache_blocks(self, request, num_computed_tokens: int) -> None:
         self._track(request)

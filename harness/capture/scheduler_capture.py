@@ -21,11 +21,11 @@ from harness.capture.errors import CaptureGap, PresetError
 from harness.capture.fake_model import FakeModel
 from harness.capture.header import header_of
 from harness.capture.presets import Preset
-from harness.capture.progress import Progress
 from harness.capture.recorder import Recorder, instrument
 from harness.capture.sinks import JsonlSink
 from harness.capture.synth import NewRequest, SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
+from harness.progress import Progress
 
 
 @dataclass(slots=True)

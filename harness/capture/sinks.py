@@ -44,6 +44,9 @@ class JsonlSink:
             self._f.write(encode_line(obj))
             self.num_events += 1
 
+    def commit(self) -> None:
+        """Nothing to do: a capture tool's file is complete when it is closed."""
+
     def write_raw(self, line: bytes) -> None:
         """A line already encoded (encode_line), newline included."""
         if self._f is not None:

@@ -60,15 +60,51 @@ class FuzzConfig:
             raise ValueError(f"unknown fuzz config key(s): {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(known))})")
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        if "weights" in kwargs:
-            kwargs["weights"] = {**cls().weights, **d["weights"]}
         if isinstance(kwargs.get("kinds"), str):
             kwargs["kinds"] = (kwargs["kinds"],)
+        defaults = cls()
+        for k, v in kwargs.items():
+            _check_type(k, v, getattr(defaults, k))
+        if "weights" in kwargs:
+            kwargs["weights"] = {**cls().weights, **d["weights"]}
         unknown_kinds = [k for k in kwargs.get("kinds", ()) if k not in TEMPLATES]
         if unknown_kinds:
             raise ValueError(f"unknown fuzz kind(s): {', '.join(unknown_kinds)} "
                              f"(known: {', '.join(TEMPLATES)})")
         return cls(**kwargs)
+
+
+def _check_type(key: str, value, default) -> None:
+    """A config value of the default's type (ValueError naming the key): a
+    string where numbers belong would fail deep inside a campaign."""
+    def ok(v, like) -> bool:
+        if isinstance(like, bool) or isinstance(v, bool):
+            return type(v) is type(like)
+        if isinstance(like, float):  # probabilities
+            return isinstance(v, (int, float)) and 0 <= v <= 1
+        if isinstance(like, int):  # sizes and counts
+            return isinstance(v, int) and v >= 1
+        return isinstance(v, type(like))
+
+    if isinstance(default, tuple):
+        if not isinstance(value, tuple) or not value or not all(ok(v, default[0])
+                                                               for v in value):
+            raise ValueError(f"{key}: a non-empty list, each {_what(default[0])}, not "
+                             f"{value!r}")
+    elif isinstance(default, dict):
+        if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(
+                v, bool) and v >= 0 for v in value.values()):
+            raise ValueError(f"{key}: a mapping to non-negative integers, not {value!r}")
+    elif not ok(value, default):
+        raise ValueError(f"{key}: {_what(default)}, not {value!r}")
+
+
+def _what(like) -> str:
+    if isinstance(like, float):
+        return "a probability in [0, 1]"
+    if isinstance(like, int) and not isinstance(like, bool):
+        return "a positive integer"
+    return f"a {type(like).__name__}"
 
 
 def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:

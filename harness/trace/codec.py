@@ -41,6 +41,8 @@ class TraceHeader:
     model: ModelShape | None = None
     tensors: str | None = None
     format: str = FORMAT
+    # Set when the trace lacks its end (a capture whose server died): why.
+    truncated: str | None = None
 
 
 @dataclass(slots=True)
@@ -104,6 +106,8 @@ def header_to_dict(h: TraceHeader) -> dict:
         out["model"] = {f.name: getattr(h.model, f.name) for f in fields(ModelShape)}
     if h.tensors is not None:
         out["tensors"] = h.tensors
+    if h.truncated is not None:
+        out["truncated"] = h.truncated
     return out
 
 
@@ -116,6 +120,7 @@ def header_from_dict(d: dict) -> TraceHeader:
         model=ModelShape(**d["model"]) if "model" in d else None,
         tensors=d.get("tensors"),
         format=d["format"],
+        truncated=d.get("truncated"),
     )
 
 

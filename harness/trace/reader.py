@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from harness.exit_codes import ExitCode
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
+from harness.trace.rules import TraceRules
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
 from impl.profiles import UnsupportedVersion, VersionProfile, get_profile
 
@@ -157,6 +158,8 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise TraceError(path, line, "(yaml)", str(getattr(e, "problem", e))) from None
+    except RecursionError:  # PyYAML's parser recurses once per nesting level
+        raise TraceError(path, 1, "(yaml)", "nested too deeply") from None
     if doc is None:
         raise TraceError(path, 1, "(file)", "empty file: a trace needs a header and events")
     if not isinstance(doc, dict) or "header" not in doc:
@@ -193,6 +196,7 @@ class _Records:
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
         self.live: set[str] = set()
+        self.rules = TraceRules(path, header)  # what vLLM rejects (harness/trace/rules.py)
 
     @property
     def bytes_read(self) -> int:
@@ -206,6 +210,7 @@ class _Records:
             except SchemaViolation as e:
                 raise TraceError(path, line_no, e.field, e.message) from None
             self._check_context(line_no, obj)
+            self.rules.check(line_no, obj)
             yield TraceRecord(line_no, event_from_dict(obj), obj.get("answer"),
                               obj.get("expect"), obj.get("note"), answer_line, expect_line)
 

@@ -87,17 +87,29 @@ def test_anonymize_needs_a_key(tmp_path, capsys, monkeypatch):
     assert not os.path.exists(tmp_path / "a.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{}\n")
-    assert kvconform(["anonymize", str(bad), "--out", str(tmp_path / "a.jsonl"),
-                        "--key", "k"]) == 2
+    monkeypatch.setenv("KVCONFORM_ANON_KEY", "k")
+    assert kvconform(["anonymize", str(bad), "--out", str(tmp_path / "a.jsonl")]) == 2
     assert capsys.readouterr().err.startswith(f"{bad}:1: format:")
 
 
+def test_a_key_on_the_command_line_is_warned_about(tmp_path, capsys):
+    """--key shows the secret in `ps` and shell history: it still works (scripts),
+    is left out of --help, and says to use KVCONFORM_ANON_KEY."""
+    src = GOLDEN / "v0.32" / "few-shot.jsonl"
+    assert kvconform(["anonymize", str(src), "--out", str(tmp_path / "a.jsonl"),
+                      "--key", "k"]) == 0
+    assert "KVCONFORM_ANON_KEY" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kvconform(["anonymize", "--help"])
+    assert "--key" not in capsys.readouterr().out
+
+
 @pytest.mark.vllm
-def test_rehash_records_the_dropped_answers_from_vllm(tmp_path):
+def test_rehash_records_the_dropped_answers_from_vllm(tmp_path, monkeypatch):
     src = GOLDEN / "v0.32" / "few-shot.jsonl"
     out = tmp_path / "anon.jsonl"
-    assert kvconform(["anonymize", str(src), "--out", str(out), "--key", "k",
-                        "--rehash"]) == 0
+    monkeypatch.setenv("KVCONFORM_ANON_KEY", "k")
+    assert kvconform(["anonymize", str(src), "--out", str(out), "--rehash"]) == 0
     lines = _lines(out)
     adds = [x for x in lines if x["op"] == "add_request"]
     assert all("answer" in x for x in adds)

@@ -1,48 +1,71 @@
-"""The block-pool picture renders, at the size it says, with the divergence drawn."""
+"""The block-pool picture: it fits a page, its x axis is the scheduler step, it has
+the hit-rate and usage panels, the divergence line runs through all of them at the
+step it happened in, and requests get colours of their own."""
 
 from PIL import Image
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
-from harness.pool_picture import DIVERGENCE_RGB, draw_pool
+from harness.pool_picture import DIVERGENCE_RGB, WIDTH_PX, draw_pool, request_colour
+from harness.traffic import PoolSample, StepStats, Traffic
 
 
-def _timeline(n_events=40, n_blocks=12):
-    out = []
-    for t in range(n_events):
+def _traffic(n_steps=40, n_blocks=12, requests=3, unused=0):
+    t = Traffic(pool_samples=True, has_steps=True)
+    for s in range(n_steps):
         codes = [POOL_NULL] + [POOL_FREE] * (n_blocks - 1)
-        for b in range(1, min(n_blocks, 1 + t // 3)):
-            codes[b] = b % 3  # three requests
-        codes[-1] = POOL_FREE_CACHED
-        codes[-2] = POOL_SHARED
-        out.append((10 + t, "allocate", codes))
-    return out
+        for b in range(1, min(n_blocks - unused, 1 + s // 3)):
+            codes[b] = b % requests
+        codes[n_blocks - unused - 1] = POOL_FREE_CACHED
+        codes[n_blocks - unused - 2] = POOL_SHARED
+        t.samples.append(PoolSample(3 * s, 10 + 3 * s, s, codes))
+        t.steps.append(StepStats(s, queries=10, hits=s % 10, lookups=1, usage=s / n_steps))
+    t.request_index = {f"r{i}": i for i in range(requests)}
+    return t
 
 
-def test_picture_size_and_divergence_line(tmp_path):
+def _is_red(px):
+    red = tuple(round(c * 255) for c in DIVERGENCE_RGB)
+    return all(abs(a - b) < 40 for a, b in zip(px, red))
+
+
+def test_the_picture_fits_a_page_and_marks_the_divergence_in_every_panel(tmp_path):
     path = tmp_path / "pool.png"
-    pic = draw_pool(_timeline(), 3, str(path), divergence_index=30, title="t")
+    pic = draw_pool(_traffic(), str(path), divergence=True, title="t")
     img = Image.open(path).convert("RGB")
     assert img.size == (pic.width, pic.height)
-    assert pic.width >= 600 and pic.height >= 300
-    red = tuple(round(c * 255) for c in DIVERGENCE_RGB)
-
-    def is_red(px):
-        return all(abs(a - b) < 40 for a, b in zip(px, red))
-
-    # The divergence line: a tall run of red pixels at the reported column ...
+    assert pic.width <= WIDTH_PX and pic.height >= 500
+    # The divergence line: red through most of the height (three panels) ...
     column = [img.getpixel((pic.divergence_x, y)) for y in range(img.height)]
-    assert sum(map(is_red, column)) > img.height // 4
-    # ... and nowhere far from it.
+    assert sum(map(_is_red, column)) > img.height // 2
+    # ... at the last step, and nowhere far from it.
+    assert pic.divergence_x > pic.width * 0.8
     far = pic.divergence_x // 2
-    assert sum(is_red(img.getpixel((far, y))) for y in range(img.height)) == 0
+    assert sum(_is_red(img.getpixel((far, y))) for y in range(img.height)) == 0
 
 
 def test_no_divergence_no_line(tmp_path):
-    pic = draw_pool(_timeline(5, 4), 3, str(tmp_path / "p.png"))
+    pic = draw_pool(_traffic(5, 4), str(tmp_path / "p.png"))
     assert pic.divergence_x is None
 
 
-def test_long_timelines_are_sampled_but_keep_the_divergence(tmp_path):
-    timeline = _timeline(5000, 6)
-    pic = draw_pool(timeline, 3, str(tmp_path / "p.png"), divergence_index=4321)
-    assert pic.divergence_x is not None
+def test_rows_stop_at_the_highest_block_ever_used(tmp_path):
+    """A server's pool of thousands of blocks, of which a few are used, is drawn
+    as those few rows, not as a white page."""
+    small = draw_pool(_traffic(20, 12), str(tmp_path / "a.png"))
+    big = draw_pool(_traffic(20, 5012, unused=5000), str(tmp_path / "b.png"))
+    a = Image.open(small.path).convert("RGB")
+    b = Image.open(big.path).convert("RGB")
+    assert a.size == b.size
+    # The same picture: at most antialiasing differences.
+    diff = sum(1 for x in range(0, a.width, 7) for y in range(0, a.height, 7)
+               if a.getpixel((x, y)) != b.getpixel((x, y)))
+    assert diff < 0.01 * (a.width // 7) * (a.height // 7)
+
+
+def test_fifty_requests_get_fifty_colours():
+    colours = {tuple(round(c, 3) for c in request_colour(k)) for k in range(50)}
+    assert len(colours) == 50
+    # Neighbours (requests that come one after the other) differ clearly.
+    for k in range(49):
+        a, b = request_colour(k), request_colour(k + 1)
+        assert sum(abs(x - y) for x, y in zip(a, b)) > 0.2

@@ -119,16 +119,25 @@ HEADER = ('{"format":"kvconform-trace/1","vllm_version":"0.32.0","source":"hand"
 
 
 @pytest.mark.vllm
-def test_a_call_vllm_rejects_is_one_line_exit_2_and_the_run_goes_on(tmp_path, capsys):
+@pytest.mark.parametrize("rules", ["on", "off"])
+def test_a_call_vllm_rejects_is_one_line_exit_2_and_the_run_goes_on(tmp_path, capsys, rules,
+                                                                     monkeypatch):
+    """Caught up front by harness/trace/rules.py, or, for a call no rule
+    foresees (here: the rules switched off), around the backend call."""
     from harness.cli import main
+    from harness.trace.rules import TraceRules
 
+    if rules == "off":
+        monkeypatch.setattr(TraceRules, "check", lambda self, line, obj: None)
     bad = tmp_path / "lora.jsonl"
     bad.write_text(HEADER + '{"op":"add_request","req":"a","prompt":[1,2,3,4,5],'
                    '"lora":{"name":"x","int_id":1}}\n{"op":"lookup","req":"a"}\n')
     assert main(["diff", "--no-attention", str(bad), str(EXAMPLE)]) == 2
     out, err = capsys.readouterr()
-    assert err.splitlines() == [f"{bad}:2: add_request: vLLM rejects this: AssertionError: "
-                                "lora_path cannot be empty"]
+    assert err.splitlines() == [
+        f"{bad}:2: lora.path: vLLM rejects this: a LoRA request needs its adapter's path"
+        if rules == "on" else
+        f"{bad}:2: add_request: vLLM rejects this: AssertionError: lora_path cannot be empty"]
     assert f"{EXAMPLE}: conformant" in out and "Traceback" not in out + err
     assert main(["diff", "--no-attention", "--json", str(bad), str(EXAMPLE)]) == 2
     results = json.loads(capsys.readouterr().out)

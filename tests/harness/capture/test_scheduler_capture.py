@@ -2,7 +2,6 @@
 impl and diffs against vLLM; what a trace cannot say stops the capture loudly."""
 
 import json
-import logging
 
 import pytest
 
@@ -83,18 +82,18 @@ def test_a_call_the_trace_cannot_express_is_refused_loudly(tmp_path):
     assert open_trace(str(tmp_path / "t.jsonl")).header.source == "scheduler"
 
 
-def test_a_lenient_recorder_ends_the_trace_and_vllm_carries_on(tmp_path, caplog):
+def test_a_lenient_recorder_ends_the_trace_and_vllm_carries_on(tmp_path, capsys):
     scheduler, header, request = _scheduler("production", tmp_path)
     sink = JsonlSink(str(tmp_path / "t.jsonl"), header)
     recorder = Recorder(sink, header.cache.hash_block_size, strict=False)
     instrument(scheduler.kv_cache_manager, recorder)
     manager = scheduler.kv_cache_manager
     blocks, hit, *_ = manager.get_computed_blocks(request)
-    with caplog.at_level(logging.WARNING, logger="kvconform.capture"):
-        new = manager.allocate_slots(request, 8, num_new_computed_tokens=16)
+    new = manager.allocate_slots(request, 8, num_new_computed_tokens=16)
     assert new is not None  # vLLM answered as without recording
     assert not recorder.active and "adopts 16 tokens" in recorder.gap
-    assert "capture stopped" in caplog.text
+    # On stderr: a server's loggers have no handler for kvconform's.
+    assert "kvconform capture stopped: " in capsys.readouterr().err
     manager.free(request)  # unrecorded from here on
     o = check_trace(str(tmp_path / "t.jsonl"), ["impl"])
     assert o.exit_code == 0 and o.num_events == 2  # add_request, lookup

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.vllm017
 
 
 def test_a_017_scheduler_capture_replays_with_the_017_profile(tmp_path, small_preset):
-    from harness.capture.kv_event_stream import subscribe
+    from harness.capture.kv_event_stream import Listen, subscribe
     from harness.capture.kv_event_trace import EventTraceBuilder
     from harness.capture.overlay_platform import use_cpu_platform_without_kernels
     from harness.capture.presets import load_preset
@@ -21,8 +21,9 @@ def test_a_017_scheduler_capture_replays_with_the_017_profile(tmp_path, small_pr
     publish = {"endpoint": f"ipc://{tmp_path}/pub", "replay_endpoint": f"ipc://{tmp_path}/rep"}
     batches = []
     capture_preset(preset, str(out), progress=False, publish=publish, before_shutdown=lambda:
-                   batches.extend(subscribe(publish["endpoint"], replay_endpoint=publish[
-                       "replay_endpoint"], idle_seconds=3.0)))
+                   batches.extend(subscribe(Listen(
+                       publish["endpoint"], replay_endpoint=publish["replay_endpoint"],
+                       idle_seconds=3.0, wait_seconds=60.0))))
     o = check_trace(str(out), ["vllm", "impl"])
     assert o.profile == "0.17" and o.exit_code == 0
     assert batches and {b.encoding for b in batches} == {"array"}

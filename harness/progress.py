@@ -1,4 +1,6 @@
-"""Progress for what a user waits on: a tqdm bar on a terminal, plain lines otherwise."""
+"""Progress for what a user waits on: a tqdm bar on a terminal (shown once the
+wait passes `delay` seconds), plain lines on stderr otherwise (at most every
+`every` seconds, the first after `every`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ class Progress:
     enabled: bool = True
     # Without a terminal: a line at most this often (seconds).
     every: float = 5.0
+    # On a terminal: no bar for waits shorter than this (seconds).
+    delay: float = 0.0
     n: int = 0
     _bar: object = None
     _last: float = field(default_factory=time.monotonic)
@@ -24,7 +28,7 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total or None, desc=self.desc, unit=self.unit,
-                             leave=False)
+                             leave=False, delay=self.delay)
 
     def update(self, k: int = 1) -> None:
         self.n += k

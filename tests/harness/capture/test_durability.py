@@ -1,0 +1,153 @@
+"""What a capture keeps when its process is stopped or killed (specs/CAPTURE.md,
+"The plugin for running servers"): at SIGINT everything, the part closed under
+its name; at SIGKILL all but at most the last second, and `join` says what is
+missing. Each runs the plugin in a process of its own."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.capture.join import join
+from harness.capture.segments import PARTIAL, part_name, sessions
+from harness.replay import check_trace
+
+from .conftest import capture_cli
+
+REPO = Path(__file__).resolve().parents[3]
+
+# A writer with the plugin's signal hooks, writing as fast as it can until
+# SIGINT; then one more line, and out without closing anything (as vLLM's
+# engine core is killed right after the signal).
+WRITER = """
+import itertools, os, sys
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.capture import plugin
+from harness.capture.segments import SegmentWriter
+from harness.trace.codec import TraceHeader
+
+w = SegmentWriter(sys.argv[1], TraceHeader("0.32.0", "production",
+                  CacheConfig(8, (GroupConfig(4),))), max_events=5000, flush_seconds=3600)
+plugin._on_stop_signals(w)
+print("ready", flush=True)
+try:
+    for i in itertools.count():
+        w.write({"op": "step"})
+except KeyboardInterrupt:
+    w.write({"op": "reset_prefix_cache"})
+    print(w.num_events, flush=True)
+    os._exit(0)
+"""
+
+# vLLM's real Scheduler on a preset's traffic, recorded through the plugin
+# exactly as in a server's engine core; after STEPS steps it says what it has
+# recorded, then idles until killed.
+SCHEDULER = """
+import json, sys, time
+from harness.capture import plugin
+from harness.capture.fake_model import FakeModel
+from harness.capture.presets import load_preset
+from harness.capture.scheduler_capture import _Requests, build_scheduler
+from harness.capture.synth import SyntheticWorkload
+from harness.capture.tiny_model import TinyModel
+
+folder, model_dir, preset_path, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+preset = load_preset(preset_path)
+TinyModel(vocab_size=max(preset.requests.vocab, 16)).write(model_dir)
+scheduler = build_scheduler(preset, model_dir, None)
+requests = _Requests(preset)
+recorder = plugin.start_capture(scheduler, folder)
+workload, model = SyntheticWorkload(preset), FakeModel(preset.requests.vocab, preset.seed)
+live, freed = {}, []
+for _ in range(steps):
+    for new in workload.arrivals():
+        live[new.req_id] = r = requests.make(new)
+        scheduler.add_request(r)
+    if scheduler.get_num_unfinished_requests() > 0:
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, model.execute(scheduler, out))
+    for rid in [rid for rid, r in live.items() if r.is_finished()]:
+        workload.finished(rid, list(live.pop(rid).all_token_ids))
+        freed.append(rid)
+print(json.dumps({"events": recorder.sink.num_events, "freed": freed,
+                  "running": sorted(live)}), flush=True)
+time.sleep(3600)
+"""
+
+
+def _start(script: str, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
+    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _line(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline()  # the processes print within minutes at worst
+    assert line, f"the child exited ({proc.wait()}) before saying anything"
+    return line
+
+
+def test_at_sigint_everything_is_on_disk_and_the_part_is_closed(tmp_path):
+    folder = tmp_path / "s"
+    proc = _start(WRITER, str(folder))
+    try:
+        assert _line(proc).strip() == "ready"
+        part = folder / (part_name(0) + PARTIAL)
+        for _ in range(600):  # until it has written something (bounded by count)
+            if part.exists() or (folder / part_name(1)).exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        written = int(_line(proc))
+    finally:
+        proc.kill()
+        proc.wait()
+    # Every part under its final name, nothing lost, the line after the signal too.
+    names = sorted(p.name for p in folder.iterdir())
+    assert names and not any(n.endswith(PARTIAL) for n in names)
+    report = join(str(folder), str(tmp_path / "t.jsonl"))
+    assert not report.cut and report.num_events >= written > 0
+    assert (tmp_path / "t.jsonl").read_text().splitlines()[-1] == \
+        '{"op":"reset_prefix_cache"}'
+
+
+@pytest.mark.vllm
+def test_after_sigkill_at_most_the_last_second_is_lost_and_join_says_so(
+        tmp_path, small_preset, capsys):
+    preset = small_preset("multi-turn-chat", requests={"count": 16})
+    folder = tmp_path / "capture"
+    proc = _start(SCHEDULER, str(folder), str(tmp_path / "model"), preset, "40")
+    try:
+        said = json.loads(_line(proc))
+        time.sleep(1.0)  # the claim: one second after a call, it is on disk
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert said["freed"] and said["running"], said  # the kill finds requests running
+    (session,) = sessions(str(folder))
+
+    out = tmp_path / "t.jsonl"
+    # As it is: every call recorded up to the kill is there.
+    report = join(session, str(out), include_partial=True)
+    assert report.cut and report.cut_bytes == 0
+    assert report.num_events == said["events"]
+    assert sorted(report.never_freed) == said["running"]
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert {x["req"] for x in lines if x["op"] == "free"} == set(said["freed"])
+
+    # Plain join refuses it and says how; --repair ends it at the last complete step.
+    assert capture_cli(["capture", "join", session, "--out", str(out)]) == 2
+    assert "--repair" in capsys.readouterr().err
+    assert capture_cli(["capture", "join", session, "--out", str(out), "--repair"]) == 0
+    told = capsys.readouterr().out
+    assert "incomplete: the last part was never closed" in told
+    assert "requests never freed" in told
+    o = check_trace(str(out), ["vllm", "impl"])
+    assert o.exit_code == 0 and o.truncated and "--repair" in o.truncated
