@@ -104,7 +104,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
     from harness.diff import FailureKind
-    from harness.fuzz.campaign import fuzz, progress_reporter
+    from harness.fuzz.campaign import fuzz, progress_reporter, too_few_cases_warning
     from harness.fuzz.faults import FAULTS
     from harness.fuzz.generate import FuzzConfig
     from harness.report import format_failure
@@ -132,8 +132,11 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     print(f"fuzz seed {args.seed}: {result.cases} cases, {result.ops} differential ops "
           f"in {result.seconds:.1f}s ({result.ops_per_s:,.0f} ops/s), "
-          f"{len(result.states)} distinct states")
+          f"{len(result.states)} distinct states; start-up (vLLM's import, the first "
+          f"backends) {result.startup_seconds:.1f}s, not counted")
     f = result.finding
+    if f is None and result.too_few_cases:
+        return fail(too_few_cases_warning(result), ExitCode.ENVIRONMENT)
     if f is None:
         print("no divergence")
         return ExitCode.OK

@@ -44,6 +44,7 @@ class _Collector:
                 props.get("kvconform_seconds", report.duration),
                 ExitCode(code),
                 "" if report.passed else str(report.longrepr),
+                props.get("kvconform_label", ""),
             )
 
     def pytest_collectreport(self, report) -> None:

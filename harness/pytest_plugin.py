@@ -74,6 +74,7 @@ class _CaseItem(pytest.Item):
             ("kvconform_events", case.events),
             ("kvconform_seconds", round(case.seconds, 3)),
             ("kvconform_exit", int(case.exit_code)),
+            ("kvconform_label", case.label),
         ])
         if case.exit_code != 0:
             raise KVConformFailure(case.report)
