@@ -125,7 +125,9 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                 configs[os.path.splitext(os.path.basename(path))[0]] = FuzzConfig.from_dict(
                     yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
-            return fail(f"{path}: {e}")
+            return fail(f"{path}: {e}".split("\n")[0])
+        except RecursionError:
+            return fail(f"{path}: nested too deeply to read")
     if args.ray is not None:
         from harness.ray_cluster import require_ray
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -100,6 +101,7 @@ def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfil
 
 
 _PLAIN = msgspec.json.Decoder()
+_BYTE = re.compile(r"\(byte (\d+)\)")
 # msgspec's words for a number it cannot hold, in ours.
 _TOO_LARGE = {"Integer value out of range": "an integer too large to read",
               "Number out of range": "a number too large to read"}
@@ -121,7 +123,9 @@ def _decode_line(path: str, line_no: int, raw: bytes) -> object:
         what = str(e).split(" - ", 1)[0]
         problem = _TOO_LARGE.get(what, what)
     except msgspec.DecodeError as e:
-        problem = _json_message(text) or str(e).removeprefix("JSON is malformed: ")
+        problem = _json_message(text) or _BYTE.sub(
+            lambda m: f"at column {int(m.group(1)) + 1}",
+            str(e).removeprefix("JSON is malformed: "))
         if not raw.endswith(b"\n"):
             problem += " (the last line is cut short: truncated file?)"
     raise TraceError(path, line_no, "(line)", f"not valid JSON: {problem}")
@@ -195,6 +199,11 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise TraceError(path, line, "(yaml)", str(getattr(e, "problem", e))) from None
+    except RecursionError:
+        raise TraceError(path, 1, "(yaml)", "nested too deeply to read") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise TraceError(path, 1, "(yaml)", f"cannot read a value: {e}".split(";")[0]
+                         ) from None
     if doc is None:
         raise TraceError(path, 1, "(file)", "empty file: a trace needs a header and events")
     if not isinstance(doc, dict) or "header" not in doc:
