@@ -6,6 +6,9 @@ Start-up (vLLM's import, the first backends) is paid before the clock, as the
 fuzzer itself reports it apart.
 """
 
+import os
+import time
+
 import pytest
 
 from harness.fuzz.campaign import fuzz, start_up
@@ -14,7 +17,8 @@ from impl.profiles import get_profile
 
 P = get_profile("0.32")
 SECONDS_PER_CONFIG = 5.0
-RAY_SECONDS = 20.0
+RAY_SECONDS = 8.0
+RAY_ROUNDS = 3
 
 
 @pytest.mark.benchmark(group="fuzz-kinds")
@@ -39,28 +43,33 @@ def test_fuzz_ops_per_second_per_kind_config(benchmark, tmp_path):
 
 @pytest.mark.benchmark(group="fuzz-ray")
 def test_ray_fuzz_one_worker_vs_two(benchmark, tmp_path):
-    """The same campaign (every kind config, RAY_SECONDS) on one worker, then
-    two, of a local 2-CPU cluster."""
+    """The same campaign (every kind config, RAY_SECONDS) on one worker and on
+    two of a local 2-CPU cluster, alternated ROUNDS times (the best of each:
+    the machine is shared, and its load moves)."""
     from harness.fuzz.distributed import fuzz_on_ray
     from harness.ray_cluster import WorkerPool, connect, local_head
 
-    rates = {}
+    rates: dict[int, tuple] = {}
     with local_head(num_cpus=2) as head:
         ray = connect(head.address)
+        pool = WorkerPool(ray, 2)
         try:
-            for workers in (1, 2):
-                pool = WorkerPool(ray, workers)
-                try:
-                    pool.start(P.name)
-                    r = fuzz_on_ray(pool, P.name, RAY_SECONDS, 1, str(tmp_path / str(workers)),
-                                    kind_configs())
-                finally:
-                    pool.close()
-                assert not r.findings and not r.lost_units
-                rates[workers] = (r.ops_per_s, r.cases)
+            pool.start(P.name)
+            for i in range(RAY_ROUNDS):
+                for workers in (1, 2):
+                    c0 = time.process_time()
+                    r = fuzz_on_ray(pool.first(workers), P.name, RAY_SECONDS, 1,
+                                    str(tmp_path / f"{workers}-{i}"), kind_configs())
+                    driver = (time.process_time() - c0) / r.seconds
+                    assert not r.findings and not r.lost_units
+                    if r.ops_per_s > rates.get(workers, (0,))[0]:
+                        rates[workers] = (r.ops_per_s, r.cases, driver)
         finally:
+            pool.close()
             ray.shutdown()
     benchmark.pedantic(lambda: None, rounds=1)
     benchmark.extra_info.update({f"ops_per_s_{w}_workers": v[0] for w, v in rates.items()})
     benchmark.extra_info.update({f"cases_{w}_workers": v[1] for w, v in rates.items()})
+    benchmark.extra_info.update({f"driver_cpu_share_{w}_workers": v[2] for w, v in rates.items()})
     benchmark.extra_info["scaling_2_over_1"] = rates[2][0] / rates[1][0]
+    benchmark.extra_info["load_average_1min"] = os.getloadavg()[0]

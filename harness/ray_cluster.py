@@ -121,6 +121,13 @@ class WorkerPool:
         self.workers = [actor.remote() for _ in range(num_workers)]
         self.startup_seconds: list[float] = []
 
+    def first(self, n: int) -> WorkerPool:
+        """The same pool, its first n (started) workers only."""
+        view = object.__new__(WorkerPool)
+        view.ray, view.workers = self.ray, self.workers[:n]
+        view.startup_seconds = self.startup_seconds[:n]
+        return view
+
     def start(self, profile_name: str) -> float:
         """Start every worker (in parallel); the slowest one's seconds."""
         self.startup_seconds = self.ray.get([w.start.remote(profile_name)
@@ -218,7 +225,9 @@ def local_head(num_cpus: int = 2, timeout: float = 300.0) -> Iterator[LocalHead]
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     # Short: Ray's socket paths must fit in 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="kvr-", dir="/tmp")
-    gcs, client, manager, objects, agent, agent_grpc, env_agent, metrics = _free_ports(8)
+    # All at once: ports taken in separate rounds may come back twice.
+    gcs, client, manager, objects, agent, agent_grpc, env_agent, metrics, dashboard, *workers = (
+        _free_ports(9 + 2 * num_cpus + 8))
     cmd = [ray_cli, "start", "--head", "--block", "--port", str(gcs),
            "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus),
            "--include-dashboard", "false", "--disable-usage-stats",
@@ -227,7 +236,7 @@ def local_head(num_cpus: int = 2, timeout: float = 300.0) -> Iterator[LocalHead]
            "--object-manager-port", str(objects), "--dashboard-agent-listen-port", str(agent),
            "--dashboard-agent-grpc-port", str(agent_grpc),
            "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
-           "--worker-port-list", ",".join(map(str, _free_ports(2 * num_cpus + 8)))]
+           "--dashboard-port", str(dashboard), "--worker-port-list", ",".join(map(str, workers))]
     log = open(os.path.join(temp_dir, "head.log"), "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, _LOOPBACK_ONLY: "0"},

@@ -32,9 +32,11 @@ from harness.fuzz.generate import FuzzConfig
 from harness.ray_cluster import Failed, WorkerPool
 
 KIND_CONFIGS = os.path.join(os.path.dirname(__file__), "kind_configs")
-# Cases per unit: long enough that dispatch costs nothing, short enough to
-# spread a small campaign over every worker.
-UNIT_CASES = 50
+# Cases per unit (a fraction of a second): long enough that dispatching and
+# merging results costs the driver next to nothing (on a small machine the
+# driver shares the CPUs with the workers), short enough to spread a small
+# campaign over every worker. A budget in cases splits evenly over the configs.
+UNIT_CASES = 250
 
 
 @dataclass(frozen=True, slots=True)
