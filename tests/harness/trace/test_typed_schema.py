@@ -93,8 +93,27 @@ def _shapes_of_each_op() -> list[dict]:
     return list(seen.values())
 
 
+def event_literals_in_tests() -> list[dict]:
+    """Every dict literal with an "op" key written anywhere under tests/ (the
+    bad-input cases of every test file among them)."""
+    import ast
+
+    out = []
+    for path in sorted((TRACES.parent / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and any(
+                    isinstance(k, ast.Constant) and k.value == "op" for k in node.keys):
+                try:
+                    value = ast.literal_eval(node)
+                except ValueError:
+                    continue  # built from names: not a literal
+                if isinstance(value.get("op"), str):
+                    out.append(value)
+    return out
+
+
 def corpus() -> list[dict]:
-    objs = list(test_schema.SAMPLES)
+    objs = list(test_schema.SAMPLES) + event_literals_in_tests()
     for spec, *_ in test_reader.CASES.values():
         if isinstance(spec, tuple):
             objs += [o for o in spec if isinstance(o, dict) and "format" not in o]
@@ -124,6 +143,13 @@ def test_bundled_lines_read_the_same_both_ways():
         assert answer == obj.get("answer"), obj
         assert (None if s.expect is msgspec.UNSET else s.expect) == obj.get("expect")
         assert (None if s.note is msgspec.UNSET else s.note) == obj.get("note")
+
+
+def test_the_corpus_holds_the_bad_input_cases_of_every_test_file():
+    literals = event_literals_in_tests()
+    assert {"op": "teleport", "req": "r"} in literals  # test_reader's unknown op
+    assert {"op": "take_block_copies", "answer": {"copies": [[3]]}} in literals  # kinds
+    assert len(literals) > 30
 
 
 def test_fast_path_and_jsonschema_agree_on_every_case():
