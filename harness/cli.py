@@ -297,6 +297,14 @@ def _cmd_anonymize(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _ray_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help=f"{what} (ADDRESS: the head's host:port; none: RAY_ADDRESS, or a "
+                   "private cluster on this machine). Needs the ray extra")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="with --ray: use N workers (default: one per CPU of the cluster)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvconform",
                     description="Conformance harness for vLLM's v1 KV cache manager.")
@@ -349,12 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="YAML: what cases are drawn from (block sizes, pool sizes, hash "
                    "algorithms, ...; see specs/FUZZING.md); with --ray, repeat it to spread "
                    "several (default there: every harness/fuzz/kind_configs/ file)")
-    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="spread the campaign over a Ray cluster's workers (its head's "
-                   "host:port; none: RAY_ADDRESS, or a private cluster on this machine); "
-                   "findings are de-duplicated by shrunk signature. Needs the ray extra")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="with --ray: use N workers (default: one per CPU of the cluster)")
+    _ray_arguments(p, "spread the campaign over a Ray cluster's workers; findings are "
+                   "de-duplicated by shrunk signature")
     p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_fuzz)
 
@@ -379,12 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="FILE", help="write a markdown summary here")
     p.add_argument("--jobs", default="auto",
                    help="parallel workers (pytest-xdist; default auto = all cores; 1 = serial)")
-    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="run the cases on a Ray cluster's workers instead (its head's "
-                   "host:port; none: RAY_ADDRESS, or a private cluster on this machine); "
-                   "the fuzz campaign spreads every kind config. Needs the ray extra")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="with --ray: use N workers (default: one per CPU of the cluster)")
+    _ray_arguments(p, "run the cases on a Ray cluster's workers instead; the fuzz campaign "
+                   "spreads every kind config")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "

@@ -55,13 +55,13 @@ MIN_CASES = 100
 
 
 @dataclass(slots=True)
-class CampaignResult:
-    seed: int
+class CampaignTotals:
+    """What any campaign counts (one process's, or a cluster's)."""
+
     cases: int = 0
     ops: int = 0
     seconds: float = 0.0  # fuzzing only
     states: set = field(default_factory=set)
-    finding: Finding | None = None
     startup_seconds: float = 0.0  # vLLM's import and the first backends, not in `seconds`
     # The campaign stopped at max_cases, the budget it was given in cases.
     stopped_at_max_cases: bool = False
@@ -70,11 +70,23 @@ class CampaignResult:
     def ops_per_s(self) -> float:
         return self.ops / self.seconds if self.seconds else 0.0
 
+    def found_something(self) -> bool:
+        raise NotImplementedError
+
     @property
     def too_few_cases(self) -> bool:
         """Time ran out before MIN_CASES cases, with nothing found."""
-        return (self.finding is None and self.cases < MIN_CASES
+        return (not self.found_something() and self.cases < MIN_CASES
                 and not self.stopped_at_max_cases)
+
+
+@dataclass(slots=True)
+class CampaignResult(CampaignTotals):
+    seed: int = 0
+    finding: Finding | None = None
+
+    def found_something(self) -> bool:
+        return self.finding is not None
 
 
 def too_few_cases_warning(result: CampaignResult) -> str:
@@ -127,7 +139,7 @@ def fuzz(
     loaded machine), or a case fails. The clock starts after start_up (unless
     `started`: the caller ran it)."""
     fc = fuzz_config or FuzzConfig()
-    result = CampaignResult(seed)
+    result = CampaignResult(seed=seed)
     if not started:
         result.startup_seconds = start_up(profile)
     try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from harness.diff import Failure, FailureKind
 from harness.exit_codes import ExitCode, worst
-from harness.fuzz.campaign import MIN_CASES, fuzz
+from harness.fuzz.campaign import CampaignTotals, fuzz
 from harness.fuzz.generate import FuzzConfig
 from harness.ray_cluster import Failed, WorkerPool
 
@@ -95,28 +95,16 @@ class RayFinding:
 
 
 @dataclass(slots=True)
-class RayCampaignResult:
-    workers: int
-    startup_seconds: float
-    cases: int = 0
-    ops: int = 0
-    seconds: float = 0.0
-    states: set = field(default_factory=set)
+class RayCampaignResult(CampaignTotals):
+    workers: int = 0
     findings: list[RayFinding] = field(default_factory=list)
     units: int = 0
     lost_units: list[str] = field(default_factory=list)
     # config name -> [cases, ops]
     per_config: dict[str, list[int]] = field(default_factory=dict)
-    stopped_at_max_cases: bool = False
 
-    @property
-    def ops_per_s(self) -> float:
-        return self.ops / self.seconds if self.seconds else 0.0
-
-    @property
-    def too_few_cases(self) -> bool:
-        return (not self.findings and self.cases < MIN_CASES
-                and not self.stopped_at_max_cases)
+    def found_something(self) -> bool:
+        return bool(self.findings)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -179,7 +167,8 @@ def fuzz_on_ray(pool: WorkerPool, profile_name: str, seconds: float, seed: int, 
                 report: Callable[[RayCampaignResult], None] | None = None,
                 ) -> RayCampaignResult:
     """Run the campaign on the started pool; findings written to out_dir."""
-    result = RayCampaignResult(len(pool.workers), max(pool.startup_seconds, default=0.0))
+    result = RayCampaignResult(startup_seconds=max(pool.startup_seconds, default=0.0),
+                               workers=len(pool.workers))
     by_signature: dict[tuple, RayFinding] = {}
     t0 = time.perf_counter()
 
