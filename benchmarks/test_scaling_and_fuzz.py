@@ -2,7 +2,8 @@
 with 10^3, 10^5 or 10^6 blocks), with the invariant checker after every event
 too (issue 16 item 3: it works incrementally, so the same bound holds; its one
 full check, when it first sees the manager, is made before the clock starts),
-and differential fuzzing throughput.
+and kvconform diff's cost per event as the pool grows, with and without the
+invariant checker (free-queue checkpoints are digests: O(1) at any size).
 
 The pool's block objects are frozen out of the garbage collector after they are
 built (gc.freeze, as vLLM does after start-up): otherwise Python's full
@@ -11,6 +12,7 @@ to whichever operation happens to trigger them.
 """
 
 import gc
+from pathlib import Path
 
 import pytest
 
@@ -84,12 +86,57 @@ def test_checked_events_at_pool_size(benchmark, events, num_blocks):
     benchmark.extra_info["us_per_event"] = benchmark.stats.stats.median / len(events) * 1e6
 
 
-@pytest.mark.benchmark(group="fuzz-ops")
-def test_fuzz_ops_per_second(benchmark, tmp_path):
-    from harness.fuzz.campaign import fuzz
+# -- diff (impl + vLLM, a trace through check_trace) as the pool grows ------------------
 
-    result = benchmark.pedantic(fuzz, args=(P, 15.0, 0, str(tmp_path)), rounds=1, iterations=1)
-    assert result.finding is None
-    benchmark.extra_info["ops"] = result.ops
-    benchmark.extra_info["ops_per_s"] = result.ops_per_s
-    benchmark.extra_info["cases"] = result.cases
+POOL_SIZES = (10**3, 10**5, 10**6)
+TRACES = Path(__file__).resolve().parents[1] / ".bench" / "traces"
+
+
+def _pool_trace(events, num_blocks: int) -> str:
+    """The scaling workload as a trace on a pool of num_blocks blocks, answers
+    recorded by impl (cached). Its checkpoints take the free queue's digest;
+    the final whole-queue checkpoint is left out (one O(pool) answer is not a
+    per-event cost)."""
+    from harness.trace import TraceWriter
+    from harness.trace.codec import TraceHeader
+
+    path = TRACES / f"pool-v1-{num_blocks}.jsonl"
+    if not path.exists():
+        TRACES.mkdir(parents=True, exist_ok=True)
+        backend = ImplBackend(_config(num_blocks), P)
+        with TraceWriter(str(path), TraceHeader("0.32.0", "scheduler", _config(num_blocks),
+                                                "pool scaling")) as w:
+            for e in events:
+                w.write(e, backend.run(e))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def checked_events():
+    """The scaling workload with its checkpoints (digests, counts, KV events)."""
+    pairs = list(drive(SchedulerWorkload(SPEC, P, 1000).events(),
+                       ImplBackend(_config(1000), P).run))
+    return [e for e, _ in pairs[:-1]]
+
+
+@pytest.mark.benchmark(group="diff-pool-scaling")
+@pytest.mark.parametrize("invariants", [False, True], ids=["plain", "invariants"])
+def test_diff_cost_per_event_at_pool_size(benchmark, checked_events, invariants):
+    """kvconform diff's cost per event (reading, both backends, comparing),
+    best of 3 rounds per pool size, sizes interleaved; must not grow with the
+    pool (bound: 1.5x the smallest pool's), with or without impl's invariant
+    checker."""
+    from harness.replay import check_trace
+
+    paths = {n: _pool_trace(checked_events, n) for n in POOL_SIZES}
+    best = {n: float("inf") for n in POOL_SIZES}
+    for _ in range(3):
+        for n, path in paths.items():
+            o = check_trace(path, ["vllm", "impl"], check_invariants=invariants)
+            assert o.exit_code == 0, o.error or o.divergence
+            best[n] = min(best[n], o.run_seconds / o.num_events)
+    benchmark.pedantic(lambda: None, rounds=1)
+    benchmark.extra_info["events"] = len(checked_events)
+    for n in POOL_SIZES:
+        benchmark.extra_info[f"us_per_event_{n}"] = best[n] * 1e6
+    benchmark.extra_info["growth_1e6_over_1e3"] = best[10**6] / best[10**3]

@@ -31,6 +31,9 @@ TRACES_DIR = ROOT / "traces"
 VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
             ExitCode.BAD_INPUT: "BAD INPUT", ExitCode.ENVIRONMENT: "ENVIRONMENT",
             ExitCode.INTERRUPTED: "INTERRUPTED"}
+# A fuzz campaign whose time ran out before it checked enough to mean anything
+# (harness/fuzz/campaign.py MIN_CASES): the machine's problem, exit 3.
+TOO_FEW_CASES = "TOO FEW CASES"
 
 
 @dataclass(slots=True)
@@ -44,9 +47,13 @@ class Case:
     report: str = ""  # what failed, "" when conformant
     # A trace that lacks its end (header `truncated`): a pass says so.
     truncated: bool = False
+    # A verdict more telling than the exit code's (TOO_FEW_CASES).
+    label: str = ""
 
     @property
     def verdict(self) -> str:
+        if self.label:
+            return self.label
         if self.truncated and self.exit_code == ExitCode.OK:
             return "truncated"
         return VERDICTS[self.exit_code]
@@ -144,11 +151,20 @@ def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
              out_dir: str) -> Case:
     from harness.fuzz.campaign import fuzz
+
+    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir))
+
+
+def fuzz_case(name: str, r) -> Case:
+    """A campaign's result (CampaignResult) as a gate case."""
+    from harness.fuzz.campaign import too_few_cases_warning
     from harness.report import format_failure
 
-    r = fuzz(profile, seconds, seed, out_dir)
     mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
     f = r.finding
+    if f is None and r.too_few_cases:
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.ENVIRONMENT,
+                    f"warning: {too_few_cases_warning(r)}", TOO_FEW_CASES)
     if f is None:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from harness.cli_support import (
     Parser,
@@ -121,50 +122,125 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
-    from harness.diff import FailureKind
-    from harness.fuzz.campaign import fuzz, progress_reporter
+    from harness.fuzz.campaign import fuzz, progress_reporter, too_few_cases_warning
     from harness.fuzz.faults import FAULTS
     from harness.fuzz.generate import FuzzConfig
-    from harness.report import format_failure
 
     if args.seconds <= 0 or args.max_ops < 1 or (args.max_cases is not None
-                                                  and args.max_cases < 1):
-        return fail("--seconds, --max-ops and --max-cases must be positive")
+                                                  and args.max_cases < 1) or (
+            args.workers is not None and args.workers < 1):
+        return fail("--seconds, --max-ops, --max-cases and --workers must be positive")
     if args.inject_fault is not None and args.inject_fault not in FAULTS:
         return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})")
-    fuzz_config = FuzzConfig()
-    if args.config is not None:
+    if len(args.config or ()) > 1 and args.ray is None:
+        return fail("several --config need --ray (one campaign draws from one config)")
+    configs = {}
+    for path in args.config or ():
         try:
             import yaml
 
-            with open(args.config) as f:
-                fuzz_config = FuzzConfig.from_dict(yaml.safe_load(f) or {})
+            with open(path) as f:
+                configs[os.path.splitext(os.path.basename(path))[0]] = FuzzConfig.from_dict(
+                    yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
-            return fail(f"{args.config}: {e}")
+            return fail(f"{path}: {e}".split("\n")[0])
         except RecursionError:
-            return fail(f"{args.config}: nested too deeply")
+            return fail(f"{path}: nested too deeply to read")
+    if args.ray is not None:
+        from harness.ray_cluster import require_ray
+
+        require_ray(args.ray or None)
     if (code := check_vllm()) is not None:
         return code
     profile = installed_vllm_profile()
-    result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops, fuzz_config,
-                  args.inject_fault, progress_reporter(), args.max_cases)
+    if args.ray is not None:
+        return _fuzz_on_ray(args, profile, configs)
+    result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,
+                  next(iter(configs.values()), FuzzConfig()), args.inject_fault,
+                  progress_reporter(), args.max_cases)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"fuzz seed {args.seed}: {result.cases} cases, {result.ops} differential ops "
           f"in {result.seconds:.1f}s ({result.ops_per_s:,.0f} ops/s), "
-          f"{len(result.states)} distinct states")
+          f"{len(result.states)} distinct states; start-up (vLLM's import, the first "
+          f"backends) {result.startup_seconds:.1f}s, not counted")
     f = result.finding
+    if f is None and result.too_few_cases:
+        return fail(too_few_cases_warning(result), ExitCode.ENVIRONMENT)
     if f is None:
         print("no divergence")
         return ExitCode.OK
-    d = f.failure
+    print(_finding_text(f.failure, f.case, f.num_calls, f.path, f.num_calls_before))
+    return f.failure.exit_code
+
+
+def _finding_text(d, case: int, num_calls: int, path: str, before: int | None = None) -> str:
+    from harness.diff import FailureKind
+    from harness.exit_codes import ExitCode
+    from harness.report import format_failure
+
     what = "DIVERGENCE" if d.exit_code == ExitCode.DIVERGED else "A CALL vLLM REJECTS"
-    print(f"{what} in case {f.case}, shrunk from {f.num_calls_before} to {f.num_calls} "
-          f"calls, written to {f.path}")
-    print(format_failure(d))
+    shrunk = f"shrunk from {before} to {num_calls}" if before else f"shrunk to {num_calls}"
     flag = "--check-invariants " if d.kind is FailureKind.INVARIANT else ""
-    print(f"replay it: kvconform replay {flag}{f.path}   (or: kvconform diff {flag}{f.path})")
-    return d.exit_code
+    return (f"{what} in case {case}, {shrunk} calls, written to {path}\n"
+            f"{format_failure(d)}\n"
+            f"replay it: kvconform replay {flag}{path}   (or: kvconform diff {flag}{path})")
+
+
+def _fuzz_on_ray(args: argparse.Namespace, profile, configs: dict) -> int:
+    """`kvconform fuzz --ray`: the campaign over a Ray cluster's workers."""
+    from harness.fuzz.campaign import MIN_CASES
+    from harness.fuzz.distributed import fuzz_on_ray, kind_configs
+    from harness.ray_cluster import close_pool, open_pool
+
+    configs = configs or kind_configs()
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def found(f, new: bool) -> None:
+        if new:
+            print(f"finding {f.signature} ({f.config_name} case {f.case}, {f.num_calls} "
+                  f"calls): {f.path}", flush=True)
+
+    last = [0.0]
+
+    def progress(r) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= 5.0:
+            last[0] = now
+            say(f"fuzz --ray: {r.cases} cases, {r.ops} ops, {r.ops_per_s:,.0f} ops/s, "
+                f"{len(r.findings)} distinct findings")
+
+    pool = None
+    try:
+        pool = open_pool(args.ray or None, args.workers, profile.name, say)
+        r = fuzz_on_ray(pool, profile.name, args.seconds, args.seed, args.out, configs,
+                        args.max_ops, args.max_cases, args.inject_fault, found, progress)
+    finally:
+        close_pool(pool)
+    dupes = sum(f.duplicates for f in r.findings)
+    print(f"fuzz --ray seed {args.seed}: {r.workers} workers, {len(configs)} configs, "
+          f"{r.cases} cases, {r.ops} differential ops in {r.seconds:.1f}s "
+          f"({r.ops_per_s:,.0f} ops/s), {len(r.states)} distinct states; start-up "
+          f"{r.startup_seconds:.1f}s, not counted")
+    for name, (cases, ops) in sorted(r.per_config.items()):
+        print(f"  {name}: {cases} cases, {ops} ops")
+    for lost in r.lost_units:
+        print(f"kvconform: a unit did not come back: {lost}", file=sys.stderr)
+    if not r.findings:
+        if r.too_few_cases:
+            fail(f"only {r.cases} cases in {r.seconds:.1f}s, no divergence: too few to mean "
+                 f"anything (a campaign needs at least {MIN_CASES}): give it more --seconds",
+                 ExitCode.ENVIRONMENT)
+        elif not r.lost_units:
+            print("no divergence")
+        return r.exit_code
+    print(f"{len(r.findings)} distinct findings ({dupes} duplicates by shrunk signature), "
+          f"written to {args.out}:")
+    for f in r.findings:
+        print(_finding_text(f.failure, f.case, f.num_calls, f.path))
+    return r.exit_code
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -233,6 +309,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
     if args.fuzz_seconds < 0:
         return fail("--fuzz-seconds must be >= 0")
+    if args.ray is not None:
+        from harness.gate_ray import run_gate_on_ray
+
+        return run_gate_on_ray(args.ray or None, args.workers, args.paths or default_paths(),
+                               args.fuzz_seconds, args.fuzz_seed, args.fuzz_out, args.junit,
+                               args.summary)
     return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
                     args.fuzz_out, args.junit, args.summary, args.jobs)
 
@@ -273,6 +355,14 @@ def _cmd_anonymize(args: argparse.Namespace) -> int:
           + (" (hashes and KV events recorded anew by the installed vLLM)" if args.rehash
              else " (token-dependent answers dropped: see specs/CAPTURE.md)"))
     return ExitCode.OK
+
+
+def _ray_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help=f"{what} (ADDRESS: the head's host:port; none: RAY_ADDRESS, or a "
+                   "private cluster on this machine). Needs the ray extra")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="with --ray: use N workers (default: one per CPU of the cluster)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,8 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-cases", type=int, metavar="N",
                    help="stop after N cases, even if time is left (a budget that does not "
                    "depend on the machine's speed)")
-    p.add_argument("--config", metavar="FILE", help="YAML: what cases are drawn from "
-                   "(block sizes, pool sizes, hash algorithms, ...; see specs/FUZZING.md)")
+    p.add_argument("--config", metavar="FILE", action="append",
+                   help="YAML: what cases are drawn from (block sizes, pool sizes, hash "
+                   "algorithms, ...; see specs/FUZZING.md); with --ray, repeat it to spread "
+                   "several (default there: every harness/fuzz/kind_configs/ file)")
+    _ray_arguments(p, "spread the campaign over a Ray cluster's workers; findings are "
+                   "de-duplicated by shrunk signature")
     p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_fuzz)
 
@@ -393,6 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="FILE", help="write a markdown summary here")
     p.add_argument("--jobs", default="auto",
                    help="parallel workers (pytest-xdist; default auto = all cores; 1 = serial)")
+    _ray_arguments(p, "run the cases on a Ray cluster's workers instead; the fuzz campaign "
+                   "spreads every kind config")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "

@@ -172,17 +172,21 @@ class TakeBlockCopies(Event):
     kind: ClassVar[str] = "take_block_copies"
 
 
-CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
+# What a checkpoint observes when it names no fields.
+DEFAULT_CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
+CHECKPOINT_FIELDS = (*DEFAULT_CHECKPOINT_FIELDS, "free_queue_digest")
 
 
 @dataclass(slots=True)
 class Checkpoint(Event):
     """Observe state. Answer: one key per requested field:
     free_queue (block ids, head first), num_free, usage, stats (snapshot, resets
-    them), events (drained KV events)."""
+    them), events (drained KV events), free_queue_digest (the free queue's
+    order as 16 hex digits, kept up to date as it changes: O(1) at any pool
+    size; harness/backends/free_queue_digest.py)."""
 
     kind: ClassVar[str] = "checkpoint"
-    fields: tuple[str, ...] = CHECKPOINT_FIELDS
+    fields: tuple[str, ...] = DEFAULT_CHECKPOINT_FIELDS
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.fields if f not in CHECKPOINT_FIELDS]

@@ -45,6 +45,7 @@ class _Collector:
                 ExitCode(code),
                 "" if report.passed else str(report.longrepr),
                 truncated=bool(props.get("kvconform_truncated", False)),
+                label=props.get("kvconform_label", ""),
             )
 
     def pytest_collectreport(self, report) -> None:

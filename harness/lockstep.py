@@ -32,6 +32,8 @@ from impl.invariants import InvariantViolation
 
 # How a backend is named in a one-line rejection.
 _TITLES = {"vllm": "vLLM"}
+# The checkpoint field that stands for the free queue's order.
+DIGEST = "free_queue_digest"
 
 
 def _raised(e: BaseException) -> str:
@@ -70,10 +72,20 @@ def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> di
         except Exception as e:  # noqa: BLE001 - the reference answered; this one did not
             theirs = _raised(e)
         if theirs != answer:
-            return Failure(FailureKind.DIVERGED, event,
-                           {reference.name: answer, other.name: theirs},
-                           first_difference(answer, theirs) or "")
+            return _diverged(event, reference, answer, other, theirs)
     return answer
+
+
+def _diverged(event: Event, reference: Backend, answer: dict, other: Backend,
+              theirs) -> Failure:
+    field = first_difference(answer, theirs) or ""
+    if field == DIGEST and isinstance(theirs, dict) and "free_queue" not in answer:
+        # The digests say the orders differ; the lists say where.
+        answer = {**answer, "free_queue": reference.free_queue()}
+        theirs = {**theirs, "free_queue": other.free_queue()}
+        field = first_difference(answer["free_queue"], theirs["free_queue"], "free_queue") or field
+    return Failure(FailureKind.DIVERGED, event, {reference.name: answer, other.name: theirs},
+                   field)
 
 
 @dataclass(slots=True)

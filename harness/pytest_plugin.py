@@ -75,6 +75,7 @@ class _CaseItem(pytest.Item):
             ("kvconform_seconds", round(case.seconds, 3)),
             ("kvconform_exit", int(case.exit_code)),
             ("kvconform_truncated", case.truncated),
+            ("kvconform_label", case.label),
         ])
         if case.exit_code != 0:
             raise KVConformFailure(case.report)

@@ -161,7 +161,7 @@ class SchedulerWorkload:
                 victim = self.running.pop()
                 step.preempted = True
                 yield Preempt(victim.req_id)
-                yield Checkpoint(("free_queue", "num_free"))
+                yield Checkpoint(("free_queue_digest", "num_free"))
                 victim.num_computed = 0
                 self.waiting.insert(0, victim)
                 if victim is req:
@@ -199,7 +199,7 @@ class SchedulerWorkload:
             if req.num_output >= req.max_tokens:
                 self.running.remove(req)
                 yield Free(req.req_id)
-                yield Checkpoint(("free_queue", "num_free"))
+                yield Checkpoint(("free_queue_digest", "num_free"))
                 self.finished_conversations.append(req.tokens)
 
     def _admin(self) -> EventStream:

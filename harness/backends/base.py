@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from harness.backends.free_queue_digest import free_queue_digest
 from harness.cache_config import CacheConfig
 from harness.events import (
     AddRequest,
@@ -44,12 +45,24 @@ class BackendError(Exception):
         self.field = field
 
 
+# Values answers keep as they are; a list of only these is copied in one step
+# (KV events carry lists of token ids and int hashes at every step).
+_AS_IS = frozenset({int, str, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """bytes -> hex, tuples -> lists, recursively: the form answers are kept in."""
+    cls = value.__class__
+    if cls in _AS_IS:
+        return value
+    if cls is bytes:
+        return value.hex()
+    if cls is list or cls is tuple or isinstance(value, (list, tuple)):
+        if _AS_IS.issuperset(map(type, value)):
+            return list(value)
+        return [jsonable(v) for v in value]
     if isinstance(value, bytes):
         return value.hex()
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     return value
@@ -180,6 +193,8 @@ class Backend(ABC):
         for f in ev.fields:
             if f == "free_queue":
                 out[f] = self.free_queue()
+            elif f == "free_queue_digest":
+                out[f] = self.free_queue_digest()
             elif f == "num_free":
                 out[f] = self.num_free_blocks()
             elif f == "usage":
@@ -288,6 +303,16 @@ class Backend(ABC):
 
     @abstractmethod
     def free_queue(self) -> list[int]: ...
+
+    def free_queue_digest(self) -> str:
+        """The free queue's order in 16 hex digits, O(1) once tracked."""
+        return free_queue_digest(self.manager.block_pool.free_block_queue)
+
+    def start(self) -> None:
+        """What the backend does once before a run's first event, so that no
+        event pays for it: the free-queue digest walks the queue once (from
+        then on a checkpoint of it is O(1))."""
+        self.free_queue_digest()
 
     @abstractmethod
     def num_free_blocks(self) -> int: ...

@@ -6,7 +6,7 @@ from harness.backends.base import Backend, BlockIds, kv_event_json
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
-from impl.invariants import InvariantChecker
+from impl.invariants import InvariantChecker, InvariantViolation
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
 from impl.profiles import VersionProfile
@@ -62,6 +62,17 @@ class ImplBackend(Backend):
         self.checker = InvariantChecker() if check else None
         if check:
             self.run = self._run_checked
+
+    def start(self) -> None:
+        """The checker's one full check of the fresh pool belongs to start-up
+        too; from then on it is incremental. A violation it finds is left for
+        the first event to report, as a divergence."""
+        super().start()
+        if self.checker is not None:
+            try:
+                self.checker.check(self.manager)
+            except InvariantViolation:
+                pass
 
     def _run_checked(self, event):
         answer = Backend.run(self, event)

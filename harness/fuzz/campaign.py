@@ -2,11 +2,23 @@
 a case fails; shrink the finding and write it as a trace before reporting it.
 
 Case n of seed s always draws the same program, so the same seed and config
-give the same calls, the same finding and a byte-identical trace file.
+give the same calls, the same finding and a byte-identical trace file; cases
+first_case.. of a seed can run anywhere (harness/fuzz/distributed.py splits a
+campaign over a Ray cluster that way).
+
+The budget counts fuzzing only: vLLM's one-time import and the first backends
+built (seconds on a quiet machine, tens under load) are the campaign's
+start-up, timed and reported apart. After it the objects it left are frozen
+out of the garbage collector (as vLLM does after its own start-up), so that the
+collections the cases trigger walk only what the cases made. A campaign that
+ends its time with fewer than MIN_CASES cases and no finding checked too
+little to mean anything: `too_few_cases` says so, and the CLI and the gate
+report it as such, never as a plain pass.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import sys
@@ -16,7 +28,7 @@ from dataclasses import dataclass, field
 
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
-from harness.cache_config import CacheConfig
+from harness.cache_config import CacheConfig, GroupConfig
 from harness.diff import Failure
 from harness.fuzz.actions import Action
 from harness.fuzz.driver import Driver, FuzzRun
@@ -37,18 +49,61 @@ class Finding:
     failure: Failure
 
 
+# Fewer cases than this in a campaign's whole time, and no finding: too few to
+# mean anything (a case is at most --max-ops calls on a fresh pool).
+MIN_CASES = 100
+
+
 @dataclass(slots=True)
-class CampaignResult:
-    seed: int
+class CampaignTotals:
+    """What any campaign counts (one process's, or a cluster's)."""
+
     cases: int = 0
     ops: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # fuzzing only
     states: set = field(default_factory=set)
-    finding: Finding | None = None
+    startup_seconds: float = 0.0  # vLLM's import and the first backends, not in `seconds`
+    # The campaign stopped at max_cases, the budget it was given in cases.
+    stopped_at_max_cases: bool = False
 
     @property
     def ops_per_s(self) -> float:
         return self.ops / self.seconds if self.seconds else 0.0
+
+    def found_something(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def too_few_cases(self) -> bool:
+        """Time ran out before MIN_CASES cases, with nothing found."""
+        return (not self.found_something() and self.cases < MIN_CASES
+                and not self.stopped_at_max_cases)
+
+
+@dataclass(slots=True)
+class CampaignResult(CampaignTotals):
+    seed: int = 0
+    finding: Finding | None = None
+
+    def found_something(self) -> bool:
+        return self.finding is not None
+
+
+def too_few_cases_warning(result: CampaignResult) -> str:
+    return (f"only {result.cases} cases in {result.seconds:.1f}s, no divergence: too few to "
+            f"mean anything (a campaign needs at least {MIN_CASES}); the machine is too slow "
+            "or too loaded for this budget: give it more --seconds")
+
+
+def start_up(profile: VersionProfile) -> float:
+    """Import vLLM and build one pair of backends (the one-time cost every
+    campaign pays first), then freeze what exists out of the garbage
+    collector; the seconds it took."""
+    t0 = time.perf_counter()
+    run_case(CacheConfig(num_blocks=4, groups=(GroupConfig(1),)), [], profile)
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - t0
 
 
 def run_case(config: CacheConfig, actions: list[Action], profile: VersionProfile) -> FuzzRun:
@@ -76,29 +131,41 @@ def fuzz(
     fault: str | None = None,
     report: Callable[[CampaignResult], None] | None = None,
     max_cases: int | None = None,
+    first_case: int = 0,
+    started: bool = False,
 ) -> CampaignResult:
-    """Draw cases until `seconds` have passed, `max_cases` cases ran (tests
-    bound a campaign by cases: the same work on a loaded machine), or a case
-    fails."""
+    """Draw cases first_case, first_case + 1, ... until `seconds` have passed,
+    `max_cases` cases ran (tests bound a campaign by cases: the same work on a
+    loaded machine), or a case fails. The clock starts after start_up (unless
+    `started`: the caller ran it)."""
     fc = fuzz_config or FuzzConfig()
-    result = CampaignResult(seed)
-    t0 = time.perf_counter()
-    with inject(fault):
-        while time.perf_counter() - t0 < seconds and (max_cases is None
-                                                      or result.cases < max_cases):
-            config, actions = draw_case(case_rng(seed, result.cases), fc, max_ops)
-            run = run_case(config, actions, profile)
-            result.cases += 1
-            result.ops += len(run.events)
-            result.states |= run.signatures
-            result.seconds = time.perf_counter() - t0
-            if report is not None:
-                report(result)
-            if run.failed:
-                result.finding = _write_finding(profile, config, actions, run, seed,
-                                                result.cases - 1, out_dir, fault)
-                break
-    result.seconds = time.perf_counter() - t0
+    result = CampaignResult(seed=seed)
+    if not started:
+        result.startup_seconds = start_up(profile)
+    try:
+        t0 = time.perf_counter()
+        with inject(fault):
+            while time.perf_counter() - t0 < seconds:
+                if max_cases is not None and result.cases >= max_cases:
+                    result.stopped_at_max_cases = True
+                    break
+                case = first_case + result.cases
+                config, actions = draw_case(case_rng(seed, case), fc, max_ops)
+                run = run_case(config, actions, profile)
+                result.cases += 1
+                result.ops += len(run.events)
+                result.states |= run.signatures
+                result.seconds = time.perf_counter() - t0
+                if report is not None:
+                    report(result)
+                if run.failed:
+                    result.finding = _write_finding(profile, config, actions, run, seed,
+                                                    case, out_dir, fault)
+                    break
+        result.seconds = time.perf_counter() - t0
+    finally:
+        if not started:
+            gc.unfreeze()
     return result
 
 

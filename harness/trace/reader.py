@@ -5,20 +5,34 @@ trace of millions of events never sits in memory. Every problem becomes a
 TraceError naming file:line and the field. Beyond the schema, the reader checks
 what needs context: block ids against the pool size, token counts against
 max_model_len, and that events name requests that exist.
+
+A JSON line is read in one step where it can be: msgspec decodes it straight
+into the struct compiled from the schema for its op (typed_schema.py) and the
+struct becomes the event (struct_events.py). A line that step refuses is read
+again the plain way (decode, the schema's validator, codec.event_from_dict),
+which either accepts it or names the field; so what is accepted, and every
+message, comes from the schema. The plain way is also the JSON grammar's
+judge: strict RFC 8259 (msgspec's), and input no parser can hold (nesting
+thousands deep, integers of thousands of digits) is one line of bad input.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import msgspec
+
+from harness.events import AddRequest, Allocate, Event, EvictBlocks, Free
 from harness.exit_codes import ExitCode
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
 from harness.trace.rules import TraceRules
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
+from harness.trace.struct_events import fast_events
 from impl.profiles import UnsupportedVersion, VersionProfile, get_profile
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -63,7 +77,7 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
         raise TraceError(path, 0, "(file)", "is a folder, not a trace")
     if path.endswith(YAML_SUFFIXES):
         header, objects = _load_yaml(path)
-        records = _Records(path, header, objects)
+        records = _Records(path, header, objects, jsonl=False)
         return Trace(path, header, _profile(path, header, any_version), records,
                      os.path.getsize(path))
     f = open(path, "rb")
@@ -73,7 +87,7 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
     except BaseException:
         f.close()
         raise
-    records = _Records(path, header, _jsonl_objects(path, f, len(first)))
+    records = _Records(path, header, _jsonl_objects(path, f, len(first)), jsonl=True)
     return Trace(path, header, _profile(path, header, any_version), records,
                  os.path.getsize(path))
 
@@ -87,7 +101,15 @@ def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfil
         raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
 
 
+_PLAIN = msgspec.json.Decoder()
+_BYTE = re.compile(r"\(byte (\d+)\)")
+# msgspec's words for a number it cannot hold, in ours.
+_TOO_LARGE = {"Integer value out of range": "an integer too large to read",
+              "Number out of range": "a number too large to read"}
+
+
 def _decode_line(path: str, line_no: int, raw: bytes) -> object:
+    """A line as plain JSON data, or the TraceError that says why it is not."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -95,11 +117,31 @@ def _decode_line(path: str, line_no: int, raw: bytes) -> object:
                          f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
                          ) from None
     try:
-        return json.loads(text)
+        return _PLAIN.decode(raw)
+    except RecursionError:
+        problem = "nested too deeply"
+    except msgspec.ValidationError as e:
+        what = str(e).split(" - ", 1)[0]
+        problem = _TOO_LARGE.get(what, what)
+    except msgspec.DecodeError as e:
+        problem = _json_message(text) or _BYTE.sub(
+            lambda m: f"at column {int(m.group(1)) + 1}",
+            str(e).removeprefix("JSON is malformed: "))
+        if not raw.endswith(b"\n"):
+            problem += " (the last line is cut short: truncated file?)"
+    raise TraceError(path, line_no, "(line)", f"not valid JSON: {problem}")
+
+
+def _json_message(text: str) -> str | None:
+    """Python's json module's account of malformed JSON (it names the column),
+    or None where that module reads what msgspec refuses (NaN, lone surrogates)."""
+    try:
+        json.loads(text)
     except json.JSONDecodeError as e:
-        hint = "" if raw.endswith(b"\n") else " (the last line is cut short: truncated file?)"
-        raise TraceError(path, line_no, "(line)", f"not valid JSON: {e.msg} at column {e.colno}"
-                         f"{hint}") from None
+        return f"{e.msg} at column {e.colno}"
+    except (RecursionError, ValueError):
+        return None
+    return None
 
 
 def _parse_header(path: str, raw: bytes) -> TraceHeader:
@@ -116,26 +158,26 @@ def _parse_header(path: str, raw: bytes) -> TraceHeader:
     return header_from_dict(obj)
 
 
-class _JsonlObjects:
-    """(line number, parsed object) for each later line; counts bytes read."""
+class _JsonlLines:
+    """(line number, raw bytes) for each later non-blank line; counts bytes read."""
 
     def __init__(self, path: str, f, offset: int) -> None:
         self.path, self.f, self.bytes_read = path, f, offset
 
     def __iter__(self):
-        path, f = self.path, self.f
+        f = self.f
         try:
             for line_no, raw in enumerate(f, 2):
                 self.bytes_read += len(raw)
-                if not raw.strip():
+                if raw.isspace():
                     continue  # blank lines are allowed
-                yield line_no, _decode_line(path, line_no, raw), None, None
+                yield line_no, raw
         finally:
             f.close()
 
 
-def _jsonl_objects(path: str, f, offset: int) -> _JsonlObjects:
-    return _JsonlObjects(path, f, offset)
+def _jsonl_objects(path: str, f, offset: int) -> _JsonlLines:
+    return _JsonlLines(path, f, offset)
 
 
 def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
@@ -158,8 +200,11 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise TraceError(path, line, "(yaml)", str(getattr(e, "problem", e))) from None
-    except RecursionError:  # PyYAML's parser recurses once per nesting level
-        raise TraceError(path, 1, "(yaml)", "nested too deeply") from None
+    except RecursionError:
+        raise TraceError(path, 1, "(yaml)", "nested too deeply to read") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise TraceError(path, 1, "(yaml)", f"cannot read a value: {e}".split(";")[0]
+                         ) from None
     if doc is None:
         raise TraceError(path, 1, "(file)", "empty file: a trace needs a header and events")
     if not isinstance(doc, dict) or "header" not in doc:
@@ -188,73 +233,146 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
 class _Records:
     """Validated TraceRecords, with the context checks that need the header."""
 
-    def __init__(self, path: str, header: TraceHeader, objects) -> None:
+    def __init__(self, path: str, header: TraceHeader, objects, jsonl: bool) -> None:
         self.path = path
         self.header = header
+        # JSON Lines: (line, raw bytes); YAML: (line, object, answer line, expect line).
         self.objects = objects
+        self.jsonl = jsonl
         cache = header.cache
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
         self.live: set[str] = set()
         self.rules = TraceRules(path, header)  # what vLLM rejects (harness/trace/rules.py)
+        # Event class -> its context check.
+        self._checks: dict[type, object] = {}
 
     @property
     def bytes_read(self) -> int:
         return getattr(self.objects, "bytes_read", 0)
 
     def __iter__(self) -> Iterator[TraceRecord]:
+        if not self.jsonl:
+            for line_no, obj, answer_line, expect_line in self.objects:
+                yield self._from_object(line_no, obj, answer_line, expect_line)
+            return
         path = self.path
-        for line_no, obj, answer_line, expect_line in self.objects:
+        fast = fast_events()
+        decode, table = fast.decoder.decode if fast.decoder else None, fast.table
+        unset = msgspec.UNSET
+        to_builtins = msgspec.to_builtins
+        check_context = self._check_context
+        check_rules = self.rules.check
+        for line_no, raw in self.objects:
+            # The typed step; anything it refuses is read again the plain way.
             try:
-                validate_event(obj)
-            except SchemaViolation as e:
-                raise TraceError(path, line_no, e.field, e.message) from None
-            self._check_context(line_no, obj)
-            self.rules.check(line_no, obj)
-            yield TraceRecord(line_no, event_from_dict(obj), obj.get("answer"),
-                              obj.get("expect"), obj.get("note"), answer_line, expect_line)
+                s = decode(raw)
+                _, check, convert = table[s.__class__]
+                if check is not None and not check(s):
+                    raise ValueError(check)
+                event = convert(s)
+            except (msgspec.MsgspecError, RecursionError, KeyError, ValueError, TypeError):
+                yield self._from_object(line_no, _decode_line(path, line_no, raw), None, None)
+                continue
+            answer = s.answer
+            answer = None if answer is unset else to_builtins(answer)
+            check_context(line_no, event, answer)
+            check_rules(line_no, event)
+            expect, note = s.expect, s.note
+            yield TraceRecord(line_no, event, answer, None if expect is unset else expect,
+                              None if note is unset else note)
+
+    def _from_object(self, line_no: int, obj, answer_line, expect_line) -> TraceRecord:
+        """The plain way: the schema's validator names what is wrong."""
+        try:
+            validate_event(obj)
+        except SchemaViolation as e:
+            raise TraceError(self.path, line_no, e.field, e.message) from None
+        event = event_from_dict(obj)
+        answer = obj.get("answer")
+        self._check_context(line_no, event, answer)
+        self.rules.check(line_no, event)
+        return TraceRecord(line_no, event, answer, obj.get("expect"), obj.get("note"),
+                           answer_line, expect_line)
 
     def _fail(self, line: int, field: str, message: str):
         raise TraceError(self.path, line, field, message)
 
-    def _check_context(self, line: int, obj: dict) -> None:
-        op = obj["op"]
-        req = obj.get("req")
-        if op == "add_request":
-            if req in self.live:
-                self._fail(line, "req", f"request '{req}' already exists")
-            n = len(obj["prompt"])
-            if n > self.max_model_len:
-                self._fail(line, "prompt", f"{n} tokens exceed max_model_len "
-                           f"{self.max_model_len}")
-            end = 0
-            for i, m in enumerate(obj.get("mm", ())):
-                if m["offset"] < end or m["offset"] + m["length"] > n:
-                    self._fail(line, f"mm[{i}]", "multimodal ranges must be sorted, "
-                               "disjoint and inside the prompt")
-                end = m["offset"] + m["length"]
-            self.live.add(req)
-        elif req is not None:
-            if req not in self.live:
-                self._fail(line, "req", f"no request '{req}' (not added, or already freed)")
-            if op == "free":
-                self.live.discard(req)
-        if op == "allocate":
-            total = obj["num_new_tokens"] + obj.get("num_lookahead_tokens", 0)
-            if total > self.max_model_len:
-                self._fail(line, "num_new_tokens", f"{total} tokens exceed max_model_len "
-                           f"{self.max_model_len}")
-        elif op == "evict_blocks":
-            self._check_block_ids(line, "block_ids", obj["block_ids"])
-        answer = obj.get("answer")
-        if answer:
-            if "block_ids" in answer:
-                for g, ids in enumerate(answer["block_ids"]):
-                    self._check_block_ids(line, f"answer.block_ids[{g}]", ids)
-            if "free_queue" in answer:
-                self._check_block_ids(line, "answer.free_queue", answer["free_queue"])
+    def _check_context(self, line: int, event: Event, answer: dict | None) -> None:
+        """What a schema cannot say: requests that exist, token counts within
+        max_model_len, block ids within the pool."""
+        check = self._checks.get(event.__class__)
+        if check is None:
+            check = self._checks[event.__class__] = self._context_check_for(event)
+        check(line, event, answer)
+
+    def _context_check_for(self, event: Event):
+        """The context check of one event class, answer included."""
+        live = self.live
+        check_answer = self._check_answer
+        if isinstance(event, AddRequest):
+            return lambda line, ev, answer: self._check_add_request(line, ev)
+        if isinstance(event, Allocate):
+            def check(line: int, ev: Allocate, answer) -> None:
+                if ev.req not in live:
+                    self._no_request(line, ev.req)
+                total = ev.num_new_tokens + ev.num_lookahead_tokens
+                if total > self.max_model_len:
+                    self._fail(line, "num_new_tokens", f"{total} tokens exceed max_model_len "
+                               f"{self.max_model_len}")
+                if answer:
+                    check_answer(line, answer)
+            return check
+        if isinstance(event, EvictBlocks):
+            return lambda line, ev, answer: self._check_block_ids(line, "block_ids", ev.block_ids)
+        if isinstance(event, Free):
+            def check(line: int, ev: Free, answer) -> None:
+                if ev.req not in live:
+                    self._no_request(line, ev.req)
+                live.discard(ev.req)
+            return check
+        if hasattr(event, "req"):
+            def check(line: int, ev, answer) -> None:
+                if ev.req not in live:
+                    self._no_request(line, ev.req)
+                if answer:
+                    check_answer(line, answer)
+            return check
+
+        def check(line: int, ev, answer) -> None:
+            if answer:
+                check_answer(line, answer)
+        return check
+
+    def _no_request(self, line: int, req: str):
+        self._fail(line, "req", f"no request '{req}' (not added, or already freed)")
+
+    def _check_add_request(self, line: int, ev: AddRequest) -> None:
+        if ev.req in self.live:
+            self._fail(line, "req", f"request '{ev.req}' already exists")
+        n = len(ev.prompt)
+        if n > self.max_model_len:
+            self._fail(line, "prompt", f"{n} tokens exceed max_model_len {self.max_model_len}")
+        end = 0
+        for i, m in enumerate(ev.mm):
+            if m.offset < end or m.offset + m.length > n:
+                self._fail(line, f"mm[{i}]", "multimodal ranges must be sorted, "
+                           "disjoint and inside the prompt")
+            end = m.offset + m.length
+        self.live.add(ev.req)
+
+    def _check_answer(self, line: int, answer: dict) -> None:
+        groups = answer.get("block_ids")
+        if groups:
+            for g, ids in enumerate(groups):
+                self._check_block_ids(line, f"answer.block_ids[{g}]", ids)
+        free_queue = answer.get("free_queue")
+        if free_queue:
+            self._check_block_ids(line, "answer.free_queue", free_queue)
 
     def _check_block_ids(self, line: int, field: str, ids: list[int]) -> None:
+        if not ids or max(ids) < self.num_blocks:
+            return
         for i, b in enumerate(ids):
             if b >= self.num_blocks:
                 self._fail(line, f"{field}[{i}]", f"block id {b} >= num_blocks {self.num_blocks}")

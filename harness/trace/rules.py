@@ -15,7 +15,7 @@ still caught around each backend call (harness/lockstep.run_event) and
 reported the same way.
 
 `TraceRules(path, header)` checks the header's cache config at once and then
-each event's JSON object (`check(line, obj)`), raising TraceError.
+each event (`check(line, event)`), raising TraceError.
 """
 
 from __future__ import annotations
@@ -67,20 +67,22 @@ class TraceRules:
             except ValueError as e:
                 self._fail(1, "cache.prefix_match_unit", str(e))
 
-    def check(self, line: int, obj: dict) -> None:
-        op = obj["op"]
-        if op == "add_request":
-            lora = obj.get("lora")
-            if lora is not None and not lora.get("path"):
+    def check(self, line: int, event) -> None:
+        """One event (harness/events.py) against the rules that need no
+        backend state."""
+        kind = event.kind
+        if kind == "add_request":
+            lora = event.lora
+            if lora is not None and not lora.path:
                 # LoRARequest's constructor asserts a non-empty lora_path.
                 self._fail(line, "lora.path", "a LoRA request needs its adapter's path")
-            if obj.get("skip_reading_prefix_cache"):
-                self.no_lookup_reads.add(obj["req"])
-        elif op == "lookup":
-            if self.lookup_refusal is not None and obj["req"] not in self.no_lookup_reads:
+            if event.skip_reading_prefix_cache:
+                self.no_lookup_reads.add(event.req)
+        elif kind == "lookup":
+            if self.lookup_refusal is not None and event.req not in self.no_lookup_reads:
                 self._fail(line, *self.lookup_refusal)
-        elif op == "free" and self.no_lookup_reads:
-            self.no_lookup_reads.discard(obj["req"])
+        elif kind == "free" and self.no_lookup_reads:
+            self.no_lookup_reads.discard(event.req)
 
 
 def _profile(version: str):

@@ -28,6 +28,22 @@ def test_bad_trace_is_one_line_exit_2_and_others_still_run(tmp_path, capsys):
     assert f"{EXAMPLE}: conformant" in out
 
 
+def test_pathological_json_is_one_line_exit_2_and_others_still_run(tmp_path, capsys):
+    """Issue 15: nesting thousands deep, an integer of millions of digits."""
+    head = json.dumps(HEADER) + "\n"
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(head + '{"op":"step","answer":' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(head + '{"op":"step","answer":{"n":' + "1" * 2_000_000 + "}}\n")
+    code = main(["replay", str(deep), str(huge), str(EXAMPLE)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"{deep}:2: (line): not valid JSON: nested too deeply",
+        f"{huge}:2: (line): not valid JSON: an integer too large to read"]
+    assert f"{EXAMPLE}: conformant" in out
+
+
 def test_unsupported_version_exit_3(tmp_path, capsys):
     old = tmp_path / "old.jsonl"
     old.write_text(json.dumps({**HEADER, "vllm_version": "0.8.5"}) + "\n")
@@ -95,3 +111,11 @@ def test_fuzz_without_vllm_is_exit_3(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)
     assert main(["fuzz", "--seconds", "1"]) == 3
     assert "vLLM is not installed" in capsys.readouterr().err
+
+
+def test_ray_verbs_without_ray_say_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert main(["fuzz", "--ray", "--max-cases", "1"]) == 3
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+    assert main(["gate", "--ray", "--fuzz-seconds", "0"]) == 3
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err

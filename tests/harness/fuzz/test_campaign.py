@@ -53,3 +53,39 @@ def test_clean_impl_short_run(tmp_path):
     assert result.finding is None, result.finding and format_failure(result.finding.failure)
     assert result.ops > 2000 and len(result.states) > 100
     assert list(tmp_path.iterdir()) == []
+
+
+def test_start_up_is_apart_and_too_few_cases_say_so(tmp_path):
+    """vLLM's import and the first backends are timed apart; a campaign whose
+    time ends before MIN_CASES cases is 'too few cases', in the gate too."""
+    from harness.cases import TOO_FEW_CASES, fuzz_case
+    from harness.exit_codes import ExitCode
+
+    r = fuzz(P, 1e-9, seed=0, out_dir=str(tmp_path))
+    assert r.startup_seconds > 0 and r.seconds < r.startup_seconds and r.cases <= 1
+    assert r.too_few_cases
+    case = fuzz_case("fuzz[seed=0]", r)
+    assert (case.exit_code, case.verdict) == (ExitCode.ENVIRONMENT, TOO_FEW_CASES)
+    assert "too few to mean anything" in case.report
+    # A budget given in cases is what was asked for: not too few.
+    r = fuzz(P, NO_TIME_LIMIT, seed=0, out_dir=str(tmp_path), max_cases=5)
+    assert r.cases == 5 and not r.too_few_cases
+    assert fuzz_case("fuzz[seed=0]", r).exit_code == ExitCode.OK
+
+
+def test_cases_of_a_seed_run_anywhere(tmp_path):
+    """Cases first_case.. are the very cases a campaign from 0 draws there."""
+    whole = fuzz(P, NO_TIME_LIMIT, seed=2, out_dir=str(tmp_path), max_cases=12)
+    head = fuzz(P, NO_TIME_LIMIT, seed=2, out_dir=str(tmp_path), max_cases=7)
+    tail = fuzz(P, NO_TIME_LIMIT, seed=2, out_dir=str(tmp_path), max_cases=5, first_case=7)
+    assert head.ops + tail.ops == whole.ops
+    assert head.states | tail.states == whole.states
+
+
+def test_cli_reports_start_up_and_too_few_cases(tmp_path, capsys):
+    from harness.cli import main
+
+    assert main(["fuzz", "--seconds", "1e-9", "--out", str(tmp_path)]) == 3
+    out, err = capsys.readouterr()
+    assert "start-up (vLLM's import, the first backends)" in out and "not counted" in out
+    assert "too few to mean anything" in err and "no divergence" not in out

@@ -12,6 +12,11 @@ HEADER = {"format": "kvconform-trace/1", "vllm_version": "0.32.0", "source": "ha
 ADD = {"op": "add_request", "req": "r", "prompt": [1, 2, 3]}
 
 
+def _head() -> bytes:
+    return (json.dumps(HEADER) + "\n").encode()
+
+
+
 def write(tmp_path, *lines, raw: bytes | None = None, name="t.jsonl"):
     path = tmp_path / name
     if raw is not None:
@@ -58,6 +63,32 @@ CASES = {
     "freed request": ((HEADER, ADD, {"op": "free", "req": "r"}, {"op": "lookup", "req": "r"}), 4,
                       "req", "already freed"),
     "duplicate request": ((HEADER, ADD, ADD), 3, "req", "already exists"),
+    # Pathological JSON (issue 15): input no parser can hold is one line too.
+    "deeply nested event": (dict(raw=_head() + b'{"op":"step","answer":' + b"[" * 100_000
+                                 + b"]" * 100_000 + b"}\n"), 2, "(line)", "nested too deeply"),
+    "deeply nested header": (dict(raw=b'{"format":' + b"[" * 100_000 + b"]" * 100_000
+                                  + b"}\n"), 1, "(line)", "nested too deeply"),
+    "integer of millions of digits": (dict(raw=_head() + b'{"op":"step","answer":{"n":'
+                                           + b"7" * 2_000_000 + b"}}\n"), 2, "(line)",
+                                      "an integer too large to read"),
+    "header integer of millions of digits": (
+        dict(raw=b'{"format":"kvconform-trace/1","cache":{"num_blocks":' + b"9" * 2_000_000
+             + b"}}\n"), 1, "(line)", "an integer too large to read"),
+    "number beyond float": (dict(raw=_head() + b'{"op":"checkpoint","answer":{"usage":1e999}}\n'),
+                            2, "(line)", "a number too large to read"),
+    "NaN": (dict(raw=_head() + b'{"op":"checkpoint","answer":{"usage":NaN}}\n'), 2, "(line)",
+            "not valid JSON"),
+    "lone surrogate": (dict(raw=_head() + b'{"op":"add_request","req":"\\ud800","prompt":[1]}\n'),
+                       2, "(line)", "surrogate"),
+    "two objects on a line": (dict(raw=_head() + b'{"op":"step"}{"op":"step"}\n'), 2, "(line)",
+                              "not valid JSON"),
+    "byte order mark": (dict(raw=b"\xef\xbb\xbf" + _head()), 1, "(line)", "BOM"),
+    "array for an event": (dict(raw=_head() + b'[{"op":"step"}]\n'), 2, "(event)",
+                           "must be a JSON object"),
+    "integer as a float": ((HEADER, ADD, {"op": "allocate", "req": "r", "num_new_tokens": 1.5}),
+                           3, "num_new_tokens", "integer"),
+    "bool for an integer": ((HEADER, ADD, {"op": "allocate", "req": "r", "num_new_tokens": True}),
+                            3, "num_new_tokens", "integer"),
 }
 
 
@@ -87,6 +118,17 @@ def test_yaml_errors_name_the_event_line(tmp_path):
         "- op: allocate\n  req: r\n  num_new_tokens: -1\n")
     err = error_of(str(path))
     assert (err.line, err.field) == (8, "num_new_tokens")
+
+
+@pytest.mark.parametrize("doc", [
+    "header: " + "[" * 50_000 + "]" * 50_000 + "\nevents: []\n",
+    "header:\n  format: kvconform-trace/1\n  cache: {num_blocks: " + "9" * 2_000_000 + "}\n",
+], ids=["deep nesting", "integer of millions of digits"])
+def test_pathological_yaml_is_one_line(tmp_path, doc):
+    path = tmp_path / "t.yaml"
+    path.write_text(doc)
+    err = error_of(str(path))
+    assert err.field == "(yaml)" and err.exit_code == 2 and "\n" not in str(err)
 
 
 def test_yaml_is_loaded_safely(tmp_path):
