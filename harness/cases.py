@@ -95,6 +95,15 @@ WORKLOADS: list[WorkloadCase] = [
     _workload("workload-mla-dcp", 10, 32, (GroupConfig(16, "mla_attention"),),
               dcp_world_size=2),
     _workload("workload-hybrid-no-caching", 11, 100, (_FULL, _WINDOW), enable_caching=False),
+    # Jamba-like: attention next to two Mamba "align" groups. Few, short,
+    # often identical prompts, so that requests hit a state another request
+    # keyed in the same step (0.33 changed when such a hit must wait a step).
+    WorkloadCase("workload-mamba-hybrid",
+                 WorkloadSpec(seed=12, block_size=4, vocab=2, num_system_prompts=2,
+                              system_prompt_blocks=(1, 3), user_tokens=(1, 3),
+                              max_tokens=(1, 6)),
+                 CacheConfig(num_blocks=60, groups=(GroupConfig(4), GroupConfig(4, "mamba"),
+                                                    GroupConfig(4, "mamba")))),
 ]
 
 
@@ -120,11 +129,15 @@ def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
     from harness.backends.impl_backend import ImplBackend
     from harness.backends.vllm_backend import VllmBackend
     from harness.lockstep import run_lockstep
+    from harness.mamba_chunks import MambaChunking
     from harness.report import format_failure
     from harness.workload import SchedulerWorkload
 
     t0 = time.perf_counter()
-    stream = SchedulerWorkload(case.spec, profile, case.config.num_blocks).events()
+    workload = SchedulerWorkload(case.spec, profile, case.config.num_blocks,
+                                 mamba=MambaChunking.of(case.config, profile),
+                                 drain_copies=case.config.fine_grained_hits(profile))
+    stream = workload.events()
     result = run_lockstep(
         stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
     )

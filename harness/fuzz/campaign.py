@@ -15,9 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.backends.impl_backend import ImplBackend
-from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+from harness.backends.vllm_backend import (
+    EnvironmentProblem,
+    VllmBackend,
+    installed_vllm_version,
+)
 from harness.cache_config import CacheConfig
-from harness.diff import Failure
+from harness.diff import Failure, FailureKind
+from harness.events import Checkpoint
 from harness.fuzz.actions import Action
 from harness.fuzz.driver import Driver, FuzzRun
 from harness.fuzz.faults import inject
@@ -45,6 +50,8 @@ class CampaignResult:
     seconds: float = 0.0
     states: set = field(default_factory=set)
     finding: Finding | None = None
+    # Cases whose config both backends refuse (the release builds no such model).
+    refused: int = 0
 
     @property
     def ops_per_s(self) -> float:
@@ -52,8 +59,36 @@ class CampaignResult:
 
 
 def run_case(config: CacheConfig, actions: list[Action], profile: VersionProfile) -> FuzzRun:
-    backends = [VllmBackend(config, profile), ImplBackend(config, profile, check=True)]
+    backends = build_backends(config, profile)
+    if isinstance(backends, FuzzRun):
+        return backends
     return Driver(config, profile, backends).execute(actions)
+
+
+def build_backends(config: CacheConfig, profile: VersionProfile) -> list | FuzzRun:
+    """vLLM's and impl's backends for a case; when a config cannot be built,
+    a FuzzRun saying so: both refuse it (the release does not take such a
+    model: the case is skipped), or only one does (a divergence)."""
+    built, refusals = [], {}
+    for name, make in (("vllm", lambda: VllmBackend(config, profile)),
+                       ("impl", lambda: ImplBackend(config, profile, check=True))):
+        try:
+            built.append(make())
+        except EnvironmentProblem:
+            raise
+        except Exception as e:  # noqa: BLE001 - a backend refusing the config is an answer
+            refusals[name] = f"refuses this config: {type(e).__name__}: {e}"
+    if not refusals:
+        return built
+    run = FuzzRun()
+    if len(refusals) == 2:
+        run.refused = refusals["vllm"]
+        return run
+    answers = {n: refusals.get(n, "builds it") for n in ("vllm", "impl")}
+    event = Checkpoint(fields=())
+    run.failure = Failure(FailureKind.DIVERGED, event, answers, "cache")
+    run.events.append((event, None))
+    return run
 
 
 def _signature(run: FuzzRun) -> tuple:
@@ -86,9 +121,12 @@ def fuzz(
     with inject(fault):
         while time.perf_counter() - t0 < seconds and (max_cases is None
                                                       or result.cases < max_cases):
-            config, actions = draw_case(case_rng(seed, result.cases), fc, max_ops)
+            config, actions = draw_case(case_rng(seed, result.cases), fc, max_ops,
+                                        profile.hash_lookahead_tokens)
             run = run_case(config, actions, profile)
             result.cases += 1
+            if run.refused is not None:
+                result.refused += 1
             result.ops += len(run.events)
             result.states |= run.signatures
             result.seconds = time.perf_counter() - t0

@@ -75,4 +75,4 @@ def test_a_vllm_without_a_profile_is_one_line_before_any_case(tmp_path, capsys, 
     out, err = capsys.readouterr()
     assert out == ""  # pytest never started
     assert err.strip().splitlines() == [
-        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17, 0.32)"]
+        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17-0.33)"]

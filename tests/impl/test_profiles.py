@@ -13,7 +13,7 @@ def test_versions_map_to_their_minor_profile(version, key):
 
 def test_unknown_version_lists_the_supported_ones():
     with pytest.raises(UnsupportedVersion,
-                       match=r"vLLM 0.9.2 has no profile \(supported: 0.17, 0.32\)"):
+                       match=r"vLLM 0.9.2 has no profile \(supported: 0.17-0.33\)"):
         get_profile("0.9.2")
     with pytest.raises(UnsupportedVersion, match="not a vLLM version"):
         get_profile("latest")
