@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.exit_codes import ExitCode
+from harness.fuzz.generate import FuzzConfig
 from harness.workload import WorkloadSpec
 from impl.profiles import VersionProfile
 
@@ -42,10 +43,15 @@ class Case:
     seconds: float
     exit_code: ExitCode
     report: str = ""  # what failed, "" when conformant
+    message: str = ""  # the report's one line (JUnit's message); "" when conformant
 
     @property
     def verdict(self) -> str:
         return VERDICTS[self.exit_code]
+
+    def __post_init__(self) -> None:
+        if self.report and not self.message:
+            self.message = self.report.strip().splitlines()[0]
 
 
 def case_name(path: str) -> str:
@@ -125,35 +131,105 @@ def run_trace(path: str) -> Case:
     return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report)
 
 
-def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+def _workload_stream(case: WorkloadCase, profile: VersionProfile):
+    from harness.mamba_chunks import MambaChunking
+    from harness.workload import SchedulerWorkload
+
+    return SchedulerWorkload(case.spec, profile, case.config.num_blocks,
+                             mamba=MambaChunking.of(case.config, profile),
+                             drain_copies=case.config.fine_grained_hits(profile)).events()
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile,
+                 out_dir: str | None = None) -> Case:
+    """The workload in lockstep on vLLM and impl. A divergence is also written
+    as a trace (in out_dir, when given) to replay or bisect."""
     from harness.backends.impl_backend import ImplBackend
     from harness.backends.vllm_backend import VllmBackend
     from harness.lockstep import run_lockstep
-    from harness.mamba_chunks import MambaChunking
     from harness.report import format_failure
-    from harness.workload import SchedulerWorkload
 
     t0 = time.perf_counter()
-    workload = SchedulerWorkload(case.spec, profile, case.config.num_blocks,
-                                 mamba=MambaChunking.of(case.config, profile),
-                                 drain_copies=case.config.fine_grained_hits(profile))
-    stream = workload.events()
     result = run_lockstep(
-        stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
+        _workload_stream(case, profile),
+        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
     )
     f = result.failure
+    report = ""
+    if f is not None:
+        report = format_failure(f)
+        if out_dir is not None:
+            from harness.backends.vllm_backend import installed_vllm_version
+
+            path = write_workload_finding(case, profile, f, out_dir)
+            report += f"\nwritten to {path} (vLLM's answers); replay it: kvconform replay {path}"
+            installed = installed_vllm_version()
+            if not profile.covers(installed):
+                # Held to another release's profile: which release changed it?
+                report += (f"\nbisect it: kvconform bisect {path} --from "
+                           f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
     return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
-                ExitCode.OK if f is None else f.exit_code,
-                "" if f is None else format_failure(f))
+                ExitCode.OK if f is None else f.exit_code, report)
+
+
+def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
+                           out_dir: str) -> str:
+    """The workload's calls up to the one that failed, with vLLM's answers,
+    as a trace: replayed through vLLM alone (the answers agreed up to there,
+    so the calls are the same)."""
+    import os
+
+    from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+    from harness.trace import TraceWriter
+    from harness.trace.codec import TraceHeader
+    from harness.workload import drive
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{case.name}.jsonl")
+    backend = VllmBackend(case.config, profile)
+    description = (f"kvconform gate: seeded workload {case.name}, {failure.kind.value} at "
+                   f"call {failure.index + 1} ({failure.event.kind}, field "
+                   f"{failure.field or '-'}) against the {profile.name} profile")
+    header = TraceHeader(installed_vllm_version(), "workload", case.config, description)
+
+    def run(event):
+        try:
+            return backend.run(event)
+        except Exception:  # noqa: BLE001 - the failing call: vLLM refused it
+            return None
+
+    with TraceWriter(path, header) as w:
+        for n, (event, answer) in enumerate(drive(_workload_stream(case, profile), run)):
+            w.write(event, answer)
+            if n >= failure.index or answer is None:
+                break
+    return path
+
+
+def run_attention(path: str) -> Case:
+    """The attention-output differential of a trace with a `model` header."""
+    from harness.attention.differential import AttentionOptions, check_attention
+
+    o = check_attention(path, AttentionOptions(max_batches=16))
+    code = o.exit_code
+    report = message = ""
+    if code == ExitCode.DIVERGED:
+        report, message = "\n".join(o.summary_lines()), o.failure_message() or ""
+    elif code != ExitCode.OK:
+        report = message = o.error or o.failure_message() or ""
+    return Case(case_name(path), "trace", "attention", o.num_tokens, o.seconds, code, report,
+                message)
 
 
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
-             out_dir: str) -> Case:
+             out_dir: str, fuzz_config: FuzzConfig | None = None) -> Case:
     from harness.fuzz.campaign import fuzz
     from harness.report import format_failure
 
-    r = fuzz(profile, seconds, seed, out_dir)
+    r = fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config)
     mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
+    if r.refused:
+        mode += f", {r.refused} configs refused"
     f = r.finding
     if f is None:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
