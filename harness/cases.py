@@ -16,6 +16,7 @@ the Cases into its table, JUnit and summary.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,37 @@ class Case:
     def __post_init__(self) -> None:
         if self.report and not self.message:
             self.message = self.report.strip().splitlines()[0]
+
+
+def raised_in_vllm(e: BaseException) -> bool:
+    """Whether an exception comes from vLLM's code or the modules driving it
+    (harness/backends/vllm_*): a missing op, a release's API or a failure
+    inside the release, not the case's input."""
+    vllm_dir = f"{os.sep}vllm{os.sep}"
+    adapters = f"{os.sep}harness{os.sep}backends{os.sep}vllm_"
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if vllm_dir in name or adapters in name:
+            return True
+        tb = tb.tb_next
+    return isinstance(e, ImportError)
+
+
+def crashed_case(name: str, kind: str, e: Exception) -> Case:
+    """A case whose run raised: one line, exit 3 when it came from vLLM."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "" if tb is None else (f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:"
+                                   f"{tb.tb_lineno})")
+    first = str(e).splitlines()[0] if str(e) else ""
+    if raised_in_vllm(e):
+        code, what = ExitCode.ENVIRONMENT, "vLLM cannot run this case"
+    else:
+        code, what = ExitCode.BAD_INPUT, "the case could not run"
+    line = f"{name}: {what}: {type(e).__name__}: {first}{where}"
+    return Case(name, kind, "-", 0, 0.0, code, line, line)
 
 
 def case_name(path: str) -> str:
@@ -162,9 +194,11 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
             from harness.backends.vllm_backend import installed_vllm_version
 
             path = write_workload_finding(case, profile, f, out_dir)
-            report += f"\nwritten to {path} (vLLM's answers); replay it: kvconform replay {path}"
+            report += f"\nwritten to {path} (vLLM's answers)"
             installed = installed_vllm_version()
-            if not profile.covers(installed):
+            if profile.covers(installed):
+                report += f"; replay it: kvconform replay {path}"
+            else:
                 # Held to another release's profile: which release changed it?
                 report += (f"\nbisect it: kvconform bisect {path} --from "
                            f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
@@ -177,8 +211,6 @@ def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
     """The workload's calls up to the one that failed, with vLLM's answers,
     as a trace: replayed through vLLM alone (the answers agreed up to there,
     so the calls are the same)."""
-    import os
-
     from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
     from harness.trace import TraceWriter
     from harness.trace.codec import TraceHeader

@@ -80,6 +80,7 @@ class _CaseItem(pytest.Item):
 
     # Cases that are errors when they cannot be checked (JUnit <error>).
     errors_in_setup = False
+    _kind = "trace"
 
     def _run(self):
         raise NotImplementedError
@@ -95,17 +96,28 @@ class _CaseItem(pytest.Item):
             ("kvconform_message", case.message),
         ])
 
+    def _checked_run(self):
+        """The case; an exception escaping it is a result too, never a
+        traceback: raised inside vLLM (or the modules driving it) it is the
+        environment's (exit 3), otherwise the case could not run (exit 2)."""
+        try:
+            return self._run()
+        except Exception as e:  # noqa: BLE001 - see above
+            from harness.cases import crashed_case
+
+            return crashed_case(self.name, self._kind, e)
+
     def setup(self):
         self._case = None
         if not self.errors_in_setup:
             return
-        case = self._case = self._run()
+        case = self._case = self._checked_run()
         if case.exit_code not in (0, 1):
             self._record(case)
             raise KVConformError(case.report)
 
     def runtest(self):
-        case = self._case if self._case is not None else self._run()
+        case = self._case if self._case is not None else self._checked_run()
         self._record(case)
         if case.exit_code != 0:
             raise KVConformFailure(case.report)
@@ -114,6 +126,12 @@ class _CaseItem(pytest.Item):
         if excinfo.errisinstance((KVConformFailure, KVConformError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
+
+    def _repr_failure_py(self, excinfo, style=None):
+        # (How pytest reports an error raised while an item is set up.)
+        if excinfo.errisinstance(KVConformError):
+            return str(excinfo.value)
+        return super()._repr_failure_py(excinfo, style)
 
 
 class TraceFile(pytest.File):
@@ -149,6 +167,7 @@ class AttentionItem(_CaseItem):
 
 
 class WorkloadItem(_CaseItem):
+    _kind = "workload"
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.cases import WORKLOADS, run_workload
@@ -163,6 +182,7 @@ class WorkloadItem(_CaseItem):
 class FuzzItem(_CaseItem):
     """One slice of the gate's fuzz budget: one kind config, one seed."""
 
+    _kind = "fuzz"
     kind: str = ""
     seed: int = 0
     seconds: float = 0.0

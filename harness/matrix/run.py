@@ -141,6 +141,7 @@ def run_matrix(releases: list[str], out_dir: Path, fuzz_seconds: float, fuzz_see
     rows = []
     for n, release in enumerate(releases, 1):
         release = resolve(release)
+        ensure(release, progress)  # built first when missing, with its own progress
         if progress:
             print(f"kvconform: matrix [{n}/{len(releases)}] vLLM {release} ...",
                   file=sys.stderr, end="", flush=True)
