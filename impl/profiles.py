@@ -316,6 +316,14 @@ class VersionProfile:
     partial_hit_gating: PartialHitGating
     prompt_tail_boundary: PromptTailBoundary
     mamba_partial_tail_rekey: MambaPartialTailRekey
+    # A Mamba "align" group's count of the blocks an allocation takes when it
+    # needs any: exactly its state block plus a partial hit's copy (up to
+    # 0.30), or what is missing, at most that (0.31+).
+    mamba_blocks_capped: bool
+    # A Mamba "align" group giving back the blocks before its state steps over
+    # the null entries prefill leaves between states (0.30+); before, the walk
+    # stops at the first null, as for the other kinds.
+    mamba_skip_steps_over_nulls: bool
     # A hybrid model caches only up to a multiple of the scheduler block size
     # (the LCM of the group block sizes) unless fine-grained hits are on
     # (0.22+); before, every full block of every group.
@@ -389,6 +397,8 @@ def _profiles() -> dict[str, VersionProfile]:
         partial_hit_gating=PartialHitGating.ANY_MAMBA_ALIGN,
         prompt_tail_boundary=PromptTailBoundary.PROMPT_END,
         mamba_partial_tail_rekey=MambaPartialTailRekey.ALWAYS,
+        mamba_skip_steps_over_nulls=False,
+        mamba_blocks_capped=False,
         hybrid_caches_scheduler_aligned=False,
         sliding_window_sparse_caching=SlidingWindowSparseCaching.NONE,
         sink_blocks_reserved=True,
@@ -451,11 +461,13 @@ def _profiles() -> dict[str, VersionProfile]:
                    kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED)
     v030 = replace(v029, name="0.30", checked_against=("0.30.0",),
                    sink_blocks_reserved=False,
+                   mamba_skip_steps_over_nulls=True,
                    kv_event_fields=KVEventFields.GROUP_SPEC_SESSION)
     v031 = replace(v030, name="0.31", checked_against=("0.31.0",),
                    tagged_extra_keys=True,
                    context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
-                   allocate_adopts_hit_without_new_tokens=True)
+                   allocate_adopts_hit_without_new_tokens=True,
+                   mamba_blocks_capped=True)
     v032 = replace(v031, name="0.32", checked_against=("0.32.0",),
                    prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN)
     v033 = replace(v032, name="0.33", checked_against=("0.33.0",),

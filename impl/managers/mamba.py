@@ -121,8 +121,10 @@ class MambaManager(SingleTypeKVCacheManager):
         if copying:
             short = max(short, 0) + 1
         if short > 0:
-            # Just the running state block, and the copy of a partial hit.
-            short = min(short, 2 if copying else 1)
+            # Just the running state block, and the copy of a partial hit
+            # (before 0.31 counted so whatever is missing).
+            most = 2 if copying else 1
+            short = min(short, most) if self._profile.mamba_blocks_capped else most
         reclaimed = sum(1 for b in new_computed_blocks if not b.ref_cnt and not b.is_null)
         return short + reclaimed
 
@@ -175,7 +177,7 @@ class MambaManager(SingleTypeKVCacheManager):
     # -- releasing ------------------------------------------------------------------
 
     def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
-        if not self._align:
+        if not (self._align and self._profile.mamba_skip_steps_over_nulls):
             return super()._remove_blocks_in_range(request_id, first, last)
         table = self.req_to_blocks.get(request_id, [])
         first = max(first, self._retired_upto.get(request_id, 0))
