@@ -139,7 +139,7 @@ WORKLOADS: list[WorkloadCase] = [
     WorkloadCase("workload-mamba-hybrid",
                  WorkloadSpec(seed=12, block_size=4, vocab=2, num_system_prompts=2,
                               system_prompt_blocks=(1, 3), user_tokens=(1, 3),
-                              max_tokens=(1, 6)),
+                              max_tokens=(1, 24), num_requests=200),
                  CacheConfig(num_blocks=60, groups=(GroupConfig(4), GroupConfig(4, "mamba"),
                                                     GroupConfig(4, "mamba")))),
 ]
