@@ -1,6 +1,6 @@
-import pytest
-
 from dataclasses import fields
+
+import pytest
 
 from harness.vllm_releases import RELEASES
 from impl.profiles import (
