@@ -70,7 +70,7 @@ def raised_in_vllm(e: BaseException) -> bool:
     return isinstance(e, ImportError)
 
 
-def crashed_case(name: str, kind: str, e: Exception) -> Case:
+def crashed_case(name: str, kind: str, e: Exception, mode: str = "-") -> Case:
     """A case whose run raised: one line, exit 3 when it came from vLLM."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -83,7 +83,7 @@ def crashed_case(name: str, kind: str, e: Exception) -> Case:
     else:
         code, what = ExitCode.BAD_INPUT, "the case could not run"
     line = f"{name}: {what}: {type(e).__name__}: {first}{where}"
-    return Case(name, kind, "-", 0, 0.0, code, line, line)
+    return Case(name, kind, mode, 0, 0.0, code, line, line)
 
 
 def case_name(path: str) -> str:

@@ -81,6 +81,7 @@ class _CaseItem(pytest.Item):
     # Cases that are errors when they cannot be checked (JUnit <error>).
     errors_in_setup = False
     _kind = "trace"
+    _mode = "-"  # the mode a case that raised is reported under
 
     def _run(self):
         raise NotImplementedError
@@ -105,7 +106,16 @@ class _CaseItem(pytest.Item):
         except Exception as e:  # noqa: BLE001 - see above
             from harness.cases import crashed_case
 
-            return crashed_case(self.name, self._kind, e)
+            return crashed_case(self._label(), self._kind, e, self._mode)
+
+    def _label(self) -> str:
+        """The case's name in tables (a trace's path, as its Case names it)."""
+        path = getattr(self, "path", None)
+        if path is None or self._kind != "trace":
+            return self.name
+        from harness.cases import case_name
+
+        return case_name(str(path))
 
     def setup(self):
         self._case = None
@@ -156,6 +166,7 @@ class TraceItem(_CaseItem):
 
 class AttentionItem(_CaseItem):
     errors_in_setup = True
+    _mode = "attention"
 
     def _run(self):
         from harness.cases import run_attention
