@@ -47,7 +47,10 @@ FUZZ_SECONDS ?= 60
 # vllm017, 0.32.0 and 0.33.0 for the bisect and API-shape tests.
 TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 
-.PHONY: install install-ray overlays test lint conform peer bench gpu-check clean-venv
+# Seconds of fuzz per release in `make matrix` (sliced over the kind configs).
+MATRIX_FUZZ_SECONDS ?= 24
+
+.PHONY: install install-ray overlays test lint conform matrix peer bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -87,6 +90,15 @@ conform: install
 	mkdir -p .gate
 	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) \
 		--junit .gate/junit.xml --summary .gate/summary.md
+
+# The gate against every profiled vLLM release (0.17 to 0.33), each through its
+# overlay (built once from the release's wheel, then cached in .vllm-VERSION/):
+# one row per release in .matrix/matrix.md and .matrix/matrix.json, each
+# release's JUnit, summary and log in .matrix/VERSION/. Not part of `make test`.
+matrix: install
+	$(VENV)/bin/kvconform matrix --fuzz-seconds $(MATRIX_FUZZ_SECONDS) --out .matrix
+	# every release's overlay is built now: the API table against each one's source
+	$(PY) -m pytest -q tests/harness/test_vllm_api.py
 
 # vLLM's own KV-cache unit tests (from the installed version's sdist), run on
 # vLLM and then on impl through harness/peer's adapters; results in .peer/

@@ -89,6 +89,8 @@ class CacheConfig:
     # Tokens scheduled but not yet settled (caps sliding-window admission);
     # None: max_model_len, as vLLM's KVCacheManager defaults it.
     max_in_flight_tokens: int | None = None
+    # Tokens after a block its hash also covers (0.33's lookahead hashing).
+    num_hash_lookahead_tokens: int = 0
 
     @property
     def block_size(self) -> int:
@@ -150,5 +152,5 @@ class CacheConfig:
         specs = self.kv_cache_specs()
         return partial_hash_hits_enabled(
             specs, [manager_class_for(s) for s in specs], self.block_sizes(profile)[1],
-            self.dcp_world_size,
+            self.dcp_world_size, profile.partial_hit_gating,
         )

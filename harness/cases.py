@@ -16,12 +16,14 @@ the Cases into its table, JUnit and summary.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.exit_codes import ExitCode
+from harness.fuzz.generate import FuzzConfig
 from harness.workload import WorkloadSpec
 from impl.profiles import VersionProfile
 
@@ -45,6 +47,7 @@ class Case:
     seconds: float
     exit_code: ExitCode
     report: str = ""  # what failed, "" when conformant
+    message: str = ""  # the report's one line (JUnit's message); "" when conformant
     # A trace that lacks its end (header `truncated`): a pass says so.
     truncated: bool = False
     # A verdict more telling than the exit code's (TOO_FEW_CASES).
@@ -57,6 +60,41 @@ class Case:
         if self.truncated and self.exit_code == ExitCode.OK:
             return "truncated"
         return VERDICTS[self.exit_code]
+
+    def __post_init__(self) -> None:
+        if self.report and not self.message:
+            self.message = self.report.strip().splitlines()[0]
+
+
+def raised_in_vllm(e: BaseException) -> bool:
+    """Whether an exception comes from vLLM's code or the modules driving it
+    (harness/backends/vllm_*): a missing op, a release's API or a failure
+    inside the release, not the case's input."""
+    vllm_dir = f"{os.sep}vllm{os.sep}"
+    adapters = f"{os.sep}harness{os.sep}backends{os.sep}vllm_"
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if vllm_dir in name or adapters in name:
+            return True
+        tb = tb.tb_next
+    return isinstance(e, ImportError)
+
+
+def crashed_case(name: str, kind: str, e: Exception, mode: str = "-") -> Case:
+    """A case whose run raised: one line, exit 3 when it came from vLLM."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "" if tb is None else (f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:"
+                                   f"{tb.tb_lineno})")
+    first = str(e).splitlines()[0] if str(e) else ""
+    if raised_in_vllm(e):
+        code, what = ExitCode.ENVIRONMENT, "vLLM cannot run this case"
+    else:
+        code, what = ExitCode.BAD_INPUT, "the case could not run"
+    line = f"{name}: {what}: {type(e).__name__}: {first}{where}"
+    return Case(name, kind, mode, 0, 0.0, code, line, line)
 
 
 def case_name(path: str) -> str:
@@ -106,6 +144,15 @@ WORKLOADS: list[WorkloadCase] = [
     _workload("workload-mla-dcp", 10, 32, (GroupConfig(16, "mla_attention"),),
               dcp_world_size=2),
     _workload("workload-hybrid-no-caching", 11, 100, (_FULL, _WINDOW), enable_caching=False),
+    # Jamba-like: attention next to two Mamba "align" groups. Few, short,
+    # often identical prompts, so that requests hit a state another request
+    # keyed in the same step (0.33 changed when such a hit must wait a step).
+    WorkloadCase("workload-mamba-hybrid",
+                 WorkloadSpec(seed=12, block_size=4, vocab=2, num_system_prompts=2,
+                              system_prompt_blocks=(1, 3), user_tokens=(1, 3),
+                              max_tokens=(1, 24), num_requests=200),
+                 CacheConfig(num_blocks=60, groups=(GroupConfig(4), GroupConfig(4, "mamba"),
+                                                    GroupConfig(4, "mamba")))),
 ]
 
 
@@ -130,29 +177,101 @@ def run_trace(path: str) -> Case:
                 truncated=o.truncated is not None)
 
 
-def run_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+def _workload_stream(case: WorkloadCase, profile: VersionProfile):
+    from harness.mamba_chunks import MambaChunking
+    from harness.workload import SchedulerWorkload
+
+    return SchedulerWorkload(case.spec, profile, case.config.num_blocks,
+                             mamba=MambaChunking.of(case.config, profile),
+                             drain_copies=case.config.fine_grained_hits(profile)).events()
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile,
+                 out_dir: str | None = None) -> Case:
+    """The workload in lockstep on vLLM and impl. A divergence is also written
+    as a trace (in out_dir, when given) to replay or bisect."""
     from harness.backends.impl_backend import ImplBackend
     from harness.backends.vllm_backend import VllmBackend
     from harness.lockstep import run_lockstep
     from harness.report import format_failure
-    from harness.workload import SchedulerWorkload
 
     t0 = time.perf_counter()
-    stream = SchedulerWorkload(case.spec, profile, case.config.num_blocks).events()
     result = run_lockstep(
-        stream, [VllmBackend(case.config, profile), ImplBackend(case.config, profile)]
+        _workload_stream(case, profile),
+        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
     )
     f = result.failure
+    report = ""
+    if f is not None:
+        report = format_failure(f)
+        if out_dir is not None:
+            from harness.backends.vllm_backend import installed_vllm_version
+
+            path = write_workload_finding(case, profile, f, out_dir)
+            report += f"\nwritten to {path} (vLLM's answers)"
+            installed = installed_vllm_version()
+            if profile.covers(installed):
+                report += f"; replay it: kvconform replay {path}"
+            else:
+                # Held to another release's profile: which release changed it?
+                report += (f"\nbisect it: kvconform bisect {path} --from "
+                           f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
     return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
-                ExitCode.OK if f is None else f.exit_code,
-                "" if f is None else format_failure(f))
+                ExitCode.OK if f is None else f.exit_code, report)
+
+
+def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
+                           out_dir: str) -> str:
+    """The workload's calls up to the one that failed, with vLLM's answers,
+    as a trace: replayed through vLLM alone (the answers agreed up to there,
+    so the calls are the same)."""
+    from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+    from harness.trace import TraceWriter
+    from harness.trace.codec import TraceHeader
+    from harness.workload import drive
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{case.name}.jsonl")
+    backend = VllmBackend(case.config, profile)
+    description = (f"kvconform gate: seeded workload {case.name}, {failure.kind.value} at "
+                   f"call {failure.index + 1} ({failure.event.kind}, field "
+                   f"{failure.field or '-'}) against the {profile.name} profile")
+    header = TraceHeader(installed_vllm_version(), "workload", case.config, description)
+
+    def run(event):
+        try:
+            return backend.run(event)
+        except Exception:  # noqa: BLE001 - the failing call: vLLM refused it
+            return None
+
+    with TraceWriter(path, header) as w:
+        for n, (event, answer) in enumerate(drive(_workload_stream(case, profile), run)):
+            w.write(event, answer)
+            if n >= failure.index or answer is None:
+                break
+    return path
+
+
+def run_attention(path: str) -> Case:
+    """The attention-output differential of a trace with a `model` header."""
+    from harness.attention.differential import AttentionOptions, check_attention
+
+    o = check_attention(path, AttentionOptions(max_batches=16))
+    code = o.exit_code
+    report = message = ""
+    if code == ExitCode.DIVERGED:
+        report, message = "\n".join(o.summary_lines()), o.failure_message() or ""
+    elif code != ExitCode.OK:
+        report = message = o.error or o.failure_message() or ""
+    return Case(case_name(path), "trace", "attention", o.num_tokens, o.seconds, code, report,
+                message)
 
 
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
-             out_dir: str) -> Case:
+             out_dir: str, fuzz_config: FuzzConfig | None = None) -> Case:
     from harness.fuzz.campaign import fuzz
 
-    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir))
+    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config))
 
 
 def fuzz_case(name: str, r) -> Case:
@@ -161,10 +280,12 @@ def fuzz_case(name: str, r) -> Case:
     from harness.report import format_failure
 
     mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
+    if r.refused:
+        mode += f", {r.refused} configs refused"
     f = r.finding
     if f is None and r.too_few_cases:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.ENVIRONMENT,
-                    f"warning: {too_few_cases_warning(r)}", TOO_FEW_CASES)
+                    f"warning: {too_few_cases_warning(r)}", label=TOO_FEW_CASES)
     if f is None:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from harness.backends.vllm_backend import ASSUME_PROFILE_ENV
 from harness.cli_support import (
     Parser,
     check_vllm,
@@ -316,7 +317,9 @@ def _cmd_gate(args: argparse.Namespace) -> int:
                                args.fuzz_seconds, args.fuzz_seed, args.fuzz_out, args.junit,
                                args.summary)
     return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
-                    args.fuzz_out, args.junit, args.summary, args.jobs)
+                    args.fuzz_out, args.junit, args.summary, args.jobs,
+                    workloads=not args.no_workloads, attention=not args.no_attention,
+                    json_out=args.json)
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
@@ -373,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KVCONFORM_VLLM") or None,
                         help="run the verb against that vLLM release's overlay (built if "
                         "missing; also KVCONFORM_VLLM=VERSION), e.g. 0.25.1 or 0.25")
+    parser.add_argument("--assume-profile", metavar="VERSION",
+                        default=os.environ.get(ASSUME_PROFILE_ENV) or None,
+                        help="hold the vLLM release to another release's profile (the "
+                        "upgrade question: did anything change?); results say 'unverified "
+                        "profile' (also KVCONFORM_ASSUME_PROFILE=VERSION), e.g. 0.32")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
 
     p = sub.add_parser("replay", help="run traces through a backend and check their answers",
@@ -489,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parallel workers (pytest-xdist; default auto = all cores; 1 = serial)")
     _ray_arguments(p, "run the cases on a Ray cluster's workers instead; the fuzz campaign "
                    "spreads every kind config")
+    p.add_argument("--json", metavar="FILE", help="write every case's result here (JSON)")
+    p.add_argument("--no-workloads", action="store_true",
+                   help="leave out the seeded lockstep workloads")
+    p.add_argument("--no-attention", action="store_true",
+                   help="leave out the attention differential of traces with a model header")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "
@@ -526,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bisect import register as register_bisect
 
     register_bisect(sub)
+    from harness.matrix.cli import register as register_matrix
+
+    register_matrix(sub)
     # Every verb's --help says what it does, not only the one-line list.
     for action in sub._choices_actions:
         verb = sub.choices[action.dest]
@@ -536,6 +552,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.assume_profile:
+        from impl.profiles import UnsupportedVersion, get_profile
+
+        try:
+            get_profile(args.assume_profile)
+        except UnsupportedVersion as e:
+            return fail(f"--assume-profile: {e}")
+        # Read by installed_vllm_profile(), here and in the gate's workers.
+        os.environ[ASSUME_PROFILE_ENV] = args.assume_profile
     if args.vllm:
         from harness.vllm_overlay import activate_for_cli
 

@@ -69,10 +69,12 @@ class AddRequest(Event):
 
 @dataclass(slots=True)
 class Lookup(Event):
-    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]}."""
+    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]}.
+    `max_cache_hit_length` bounds the hit (0.33; None: the request's tokens - 1)."""
 
     kind: ClassVar[str] = "lookup"
     req: str
+    max_cache_hit_length: int | None = None
 
 
 @dataclass(slots=True)

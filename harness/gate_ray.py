@@ -16,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from xml.sax.saxutils import escape, quoteattr
 
 from harness.cases import Case, case_name
 from harness.exit_codes import ExitCode, worst
@@ -61,30 +60,12 @@ def _units(paths: list[str]) -> Iterator[CaseUnit]:
         yield CaseUnit("workload", w.name)
 
 
-def write_junit(cases: list[Case], path: str, seconds: float) -> None:
-    failed = [c for c in cases if c.exit_code != ExitCode.OK]
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuite name="kvconform" tests="{len(cases)}" failures="{len(failed)}" '
-             f'errors="0" time="{seconds:.3f}">']
-    for c in cases:
-        head = (f'  <testcase classname={quoteattr(c.kind)} name={quoteattr(c.name)} '
-                f'time="{c.seconds:.3f}"')
-        if c.exit_code == ExitCode.OK:
-            lines.append(head + "/>")
-        else:
-            lines += [head + ">", f"    <failure message={quoteattr(c.verdict)}>"
-                      f"{escape(c.report)}</failure>", "  </testcase>"]
-    lines.append("</testsuite>")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
 def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
                     fuzz_seconds: float, fuzz_seed: int, fuzz_out: str, junit: str | None,
                     summary: str | None) -> ExitCode:
-    from harness.backends.vllm_backend import installed_vllm_profile, installed_vllm_version
+    from harness.backends.vllm_backend import installed_vllm_profile
     from harness.cli_support import check_vllm, fail
-    from harness.gate import format_summary, format_table
+    from harness.gate import format_summary, format_table, installed_against, write_junit
     from harness.ray_cluster import Failed, close_pool, open_pool, require_ray
 
     require_ray(address)
@@ -94,6 +75,7 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
         if not os.path.exists(p):
             return fail(f"{p}: no such file or folder")
     profile = installed_vllm_profile()
+    against = installed_against()
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -120,15 +102,15 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
         close_pool(pool)
     seconds = time.perf_counter() - t0
     cases.sort(key=lambda c: (c.kind != "trace", c.name))
-    print(format_table(cases))
+    print(format_table(cases, against))
     for c in cases:
         if c.exit_code != ExitCode.OK:
-            print(f"\n{c.name}:\n{c.report}")
+            print(f"\n{c.name} ({c.mode}):\n{c.report}")
     if junit:
-        write_junit(cases, junit, seconds)
+        write_junit(junit, [(c.name, c) for c in cases], seconds, against)
     if summary:
         with open(summary, "w") as f:
-            f.write(format_summary(cases, seconds, installed_vllm_version()))
+            f.write(format_summary(cases, seconds, against))
     return worst(c.exit_code for c in cases)
 
 
@@ -153,4 +135,4 @@ def _fuzz_row(r, seed: int, seconds: float) -> Case:
         label = TOO_FEW_CASES
         lines.append(f"warning: only {r.cases} cases in {r.seconds:.1f}s: too few to mean "
                      f"anything (a campaign needs at least {MIN_CASES})")
-    return Case(name, "fuzz", mode, r.ops, r.seconds, r.exit_code, "\n".join(lines), label)
+    return Case(name, "fuzz", mode, r.ops, r.seconds, r.exit_code, "\n".join(lines), label=label)

@@ -7,14 +7,23 @@ is diffed (impl and vLLM side by side, recorded answers and expectations
 checked), a trace of another version is replayed on impl with its profile. A
 failure's text is the divergence report.
 
+A trace with a `model` header is also an attention case (`NAME[attention]`):
+the attention-output differential (harness/attention/differential.py), a
+divergence a failure, bad input or an environment without vLLM's attention
+ops an error (never a skip).
+
 Options (used by `kvconform gate`):
   --kvconform-workloads         also run the seeded lockstep workloads
-  --kvconform-fuzz-seconds N    also run a fuzz campaign of N seconds
+  --kvconform-fuzz-seconds N    also fuzz for N seconds in all: a slice of it
+                                for every kind config (harness/fuzz/kind_configs/)
+                                and each of several seeds
   --kvconform-fuzz-seed S / --kvconform-fuzz-out DIR
+  --kvconform-no-attention      leave the attention cases out
 Each item runs one case of harness/cases.py and records its Case as user
-properties (kvconform_name, _kind, _mode, _events, _seconds, _exit) that the
-gate turns back into Cases for its table, JUnit and summary; they travel from
-pytest-xdist workers too, so `-n auto` gives the same results as a serial run.
+properties (kvconform_name, _kind, _mode, _events, _seconds, _exit, _message)
+that the gate turns back into Cases for its table, JUnit and summary; they
+travel from pytest-xdist workers too, so `-n auto` gives the same results as a
+serial run.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ def pytest_addoption(parser):
     group.addoption("--kvconform-fuzz-seed", type=int, default=0)
     group.addoption("--kvconform-fuzz-out", default="fuzz-findings",
                     help="where fuzz findings are written")
+    group.addoption("--kvconform-no-attention", action="store_true",
+                    help="leave out the attention differential of traces with a model header")
 
 
 def _is_trace(path: Path) -> bool:
@@ -59,14 +70,23 @@ class KVConformFailure(Exception):
     """A case that did not conform; its message is the report."""
 
 
+class KVConformError(Exception):
+    """A case that could not be checked (bad input, the environment); raised
+    while the item is set up, so that JUnit reports an error, not a failure."""
+
+
 class _CaseItem(pytest.Item):
     """A pytest item running one case of harness/cases.py."""
+
+    # Cases that are errors when they cannot be checked (JUnit <error>).
+    errors_in_setup = False
+    _kind = "trace"
+    _mode = "-"  # the mode a case that raised is reported under
 
     def _run(self):
         raise NotImplementedError
 
-    def runtest(self):
-        case = self._run()
+    def _record(self, case) -> None:
         self.user_properties.extend([  # plain data: xdist sends them to the controller
             ("kvconform_name", case.name),
             ("kvconform_kind", case.kind),
@@ -76,19 +96,64 @@ class _CaseItem(pytest.Item):
             ("kvconform_exit", int(case.exit_code)),
             ("kvconform_truncated", case.truncated),
             ("kvconform_label", case.label),
+            ("kvconform_message", case.message),
         ])
+
+    def _checked_run(self):
+        """The case; an exception escaping it is a result too, never a
+        traceback: raised inside vLLM (or the modules driving it) it is the
+        environment's (exit 3), otherwise the case could not run (exit 2)."""
+        try:
+            return self._run()
+        except Exception as e:  # noqa: BLE001 - see above
+            from harness.cases import crashed_case
+
+            return crashed_case(self._label(), self._kind, e, self._mode)
+
+    def _label(self) -> str:
+        """The case's name in tables (a trace's path, as its Case names it)."""
+        path = getattr(self, "path", None)
+        if path is None or self._kind != "trace":
+            return self.name
+        from harness.cases import case_name
+
+        return case_name(str(path))
+
+    def setup(self):
+        self._case = None
+        if not self.errors_in_setup:
+            return
+        case = self._case = self._checked_run()
+        if case.exit_code not in (0, 1):
+            self._record(case)
+            raise KVConformError(case.report)
+
+    def runtest(self):
+        case = self._case if self._case is not None else self._checked_run()
+        self._record(case)
         if case.exit_code != 0:
             raise KVConformFailure(case.report)
 
     def repr_failure(self, excinfo, style=None):
-        if excinfo.errisinstance(KVConformFailure):
+        if excinfo.errisinstance((KVConformFailure, KVConformError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
+
+    def _repr_failure_py(self, excinfo, style=None):
+        # (How pytest reports an error raised while an item is set up.)
+        if excinfo.errisinstance(KVConformError):
+            return str(excinfo.value)
+        return super()._repr_failure_py(excinfo, style)
 
 
 class TraceFile(pytest.File):
     def collect(self):
         yield TraceItem.from_parent(self, name=self.path.name)
+        if not self.config.option.kvconform_no_attention:
+            from harness.attention.differential import wants_attention
+
+            if wants_attention(str(self.path)):
+                yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
 
 
 class TraceItem(_CaseItem):
@@ -101,26 +166,47 @@ class TraceItem(_CaseItem):
         return self.path, None, f"trace {self.path}"
 
 
+class AttentionItem(_CaseItem):
+    errors_in_setup = True
+    _mode = "attention"
+
+    def _run(self):
+        from harness.cases import run_attention
+
+        return run_attention(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"attention {self.path}"
+
+
 class WorkloadItem(_CaseItem):
+    _kind = "workload"
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.cases import WORKLOADS, run_workload
 
         case = next(c for c in WORKLOADS if c.name == self.name)
-        return run_workload(case, installed_vllm_profile())
+        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out)
 
     def reportinfo(self):
         return "workload", None, f"workload {self.name}"
 
 
 class FuzzItem(_CaseItem):
+    """One slice of the gate's fuzz budget: one kind config, one seed."""
+
+    _kind = "fuzz"
+    kind: str = ""
+    seed: int = 0
+    seconds: float = 0.0
+
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.cases import run_fuzz
+        from harness.fuzz.slices import load_kind_config
 
-        opts = self.config.option
-        return run_fuzz(self.name, installed_vllm_profile(), opts.kvconform_fuzz_seconds,
-                        opts.kvconform_fuzz_seed, opts.kvconform_fuzz_out)
+        return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
+                        self.config.option.kvconform_fuzz_out, load_kind_config(self.kind))
 
     def reportinfo(self):
         return "fuzz", None, self.name
@@ -135,7 +221,13 @@ def pytest_collection_modifyitems(session, config, items):
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
-        name = (f"fuzz[seed={opts.kvconform_fuzz_seed},"
-                f"seconds={opts.kvconform_fuzz_seconds:g}]")
-        # First, so that under xdist the long campaign starts while traces run.
-        items.insert(0, FuzzItem.from_parent(session, name=name))
+        from harness.fuzz.slices import fuzz_slices
+
+        fuzz_items = []
+        for kind, seed, seconds in fuzz_slices(opts.kvconform_fuzz_seconds,
+                                               opts.kvconform_fuzz_seed):
+            item = FuzzItem.from_parent(session, name=f"fuzz[{kind},seed={seed}]")
+            item.kind, item.seed, item.seconds = kind, seed, seconds
+            fuzz_items.append(item)
+        # First, so that under xdist the campaigns start while traces run.
+        items[:0] = fuzz_items

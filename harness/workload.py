@@ -32,7 +32,9 @@ from harness.events import (
     RecordStats,
     ResetPrefixCache,
     Step,
+    TakeBlockCopies,
 )
+from harness.mamba_chunks import MambaChunking
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 EventStream = Generator[Event, dict, None]
@@ -69,6 +71,7 @@ class _Req:
     max_tokens: int
     num_computed: int = 0
     num_output: int = 0
+    num_prompt: int = 0
 
 
 @dataclass(slots=True)
@@ -93,6 +96,12 @@ class SchedulerWorkload:
     finished_conversations: deque = field(default_factory=lambda: deque(maxlen=64))
     system_prompts: list[list[int]] = field(default_factory=list)
     num_added: int = 0
+    # A model with a Mamba "align" group: prefill chunks end where vLLM's
+    # scheduler ends them (harness/mamba_chunks.py).
+    mamba: MambaChunking | None = None
+    # Hits may end inside blocks: the copy-on-write copies allocations queue
+    # are drained at the end of every step, as vLLM's scheduler drains them.
+    drain_copies: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.spec.seed)
@@ -129,6 +138,8 @@ class SchedulerWorkload:
             yield from self._schedule_running(step)
             yield from self._schedule_waiting(step, record_at_admission)
             yield from self._sample(step)
+            if self.drain_copies:
+                yield TakeBlockCopies()
             yield from self._admin()
             yield Checkpoint(("num_free", "usage", "events"))
         yield Checkpoint()
@@ -139,6 +150,7 @@ class SchedulerWorkload:
             if self.num_added >= s.num_requests or len(self.waiting) >= s.max_waiting:
                 break
             req = _Req(f"r{self.num_added}", self._new_prompt(), self.rng.randint(*s.max_tokens))
+            req.num_prompt = len(req.tokens)
             self.num_added += 1
             yield AddRequest(req.req_id, list(req.tokens))
             self.waiting.append(req)
@@ -149,7 +161,11 @@ class SchedulerWorkload:
         i = 0
         while i < len(self.running) and step.budget > 0:
             req = self.running[i]
-            num_new = min(len(req.tokens) - req.num_computed, step.budget)
+            num_new = self._chunk(req, req.num_computed,
+                                  min(len(req.tokens) - req.num_computed, step.budget))
+            if num_new < 1:
+                i += 1
+                continue
             while True:
                 answer = yield Allocate(req.req_id, num_new)
                 if "refused" not in answer:
@@ -174,7 +190,9 @@ class SchedulerWorkload:
             req = self.waiting[0]
             answer = yield Lookup(req.req_id)
             hit = answer["hit_tokens"]
-            num_new = min(len(req.tokens) - hit, step.budget)
+            num_new = self._chunk(req, hit, min(len(req.tokens) - hit, step.budget))
+            if num_new < 1:
+                break  # not schedulable this step; looked up again next step
             answer = yield Allocate(req.req_id, num_new)
             if "refused" in answer:
                 break
@@ -185,6 +203,11 @@ class SchedulerWorkload:
             self.waiting.pop(0)
             self.running.append(req)
             step.scheduled.append(req)
+
+    def _chunk(self, req: _Req, start: int, num_new: int) -> int:
+        if self.mamba is None:
+            return num_new
+        return self.mamba.split(start, num_new, req.num_prompt, len(req.tokens))
 
     def _sample(self, step: _Step) -> EventStream:
         """Model output: a token for every request whose prefill is done."""

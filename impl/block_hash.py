@@ -9,13 +9,13 @@ use the same serialisers vLLM does and compare bytes, not semantics.
 import hashlib
 import os
 import pickle
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import cbor2
 
-from impl.profiles import NoneHashSeed, VersionProfile
+from impl.profiles import MMExtraKey, NoneHashSeed, VersionProfile
 from impl.request import Request
 
 try:
@@ -142,23 +142,32 @@ def _feature_end(feature) -> int:
 
 
 def block_extra_keys(
-    request: Request, start: int, end: int, tagged: bool
+    request: Request, start: int, end: int, tagged: bool, mm_offset: bool = True
 ) -> tuple[Any, ...] | None:
     """What besides the tokens tells the block [start, end) apart, in hash
     order: LoRA adapter, overlapping multimodal items, salt (first block),
-    prompt-embedding digest. None when there is nothing."""
+    prompt-embedding digest. None when there is nothing.
+
+    `mm_offset` (profile.mm_extra_key): an item's key carries its offset in
+    the block, and an item ending where the block starts is not in it;
+    otherwise the key is the bare identifier and such an item still is."""
     found: list[Any] = []
     if request.lora is not None:
         lora = request.lora
         found.append(("lora", lora.name, lora.path) if tagged else lora.name)
     features = request.mm_features
     if features:
-        # Sorted and disjoint: skip those ending at or before `start`.
-        i = bisect_right(features, start, key=_feature_end)
+        # Sorted and disjoint: skip those ending before `start` (or at it).
+        i = (bisect_right(features, start, key=_feature_end) if mm_offset
+             else bisect_left(features, start, key=_feature_end))
         while i < len(features) and features[i].offset < end:
             item = features[i]
-            found.append(("mm", item.identifier, item.offset - start) if tagged
-                         else item.identifier)
+            if tagged:
+                found.append(("mm", item.identifier, item.offset - start))
+            elif mm_offset:
+                found.append((item.identifier, item.offset - start))
+            else:
+                found.append(item.identifier)
             i += 1
     if start == 0 and request.cache_salt:
         found.append(("cache_salt", request.cache_salt) if tagged else request.cache_salt)
@@ -168,11 +177,12 @@ def block_extra_keys(
     return tuple(found) if found else None
 
 
-def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+def event_extra_keys(keys: tuple[Any, ...] | None, tagged: bool = True
+                     ) -> tuple[Any, ...] | None:
     """Extra keys in the shape KV events carry: never tagged; a multimodal
-    item as (identifier, offset)."""
-    if keys is None:
-        return None
+    item as (identifier, offset). Untagged keys are published as they are."""
+    if keys is None or not tagged:
+        return keys
     return tuple(
         (k[1:] if k[0] == "mm" else k[1]) if type(k) is tuple else k for k in keys
     )
@@ -184,16 +194,23 @@ def event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
 class RequestBlockHasher:
     """Hashes the blocks a request's tokens have newly filled (vLLM builds the
     same function with get_request_block_hasher). Called when the request
-    arrives and after tokens are appended; partial blocks wait."""
+    arrives and after tokens are appended; partial blocks wait.
 
-    __slots__ = ("hash_block_size", "hash_fn", "none_hash", "tagged")
+    With `lookahead` L > 0 (0.33's num_hash_lookahead_tokens) a block's hash
+    also covers the L tokens after it: it waits for them, and its extra keys
+    become (keys of the block and those tokens, *those tokens)."""
+
+    __slots__ = ("hash_block_size", "hash_fn", "none_hash", "tagged", "mm_offset",
+                 "lookahead")
 
     def __init__(self, hash_block_size: int, hash_fn: HashFn, none_hash: Any,
-                 tagged: bool) -> None:
+                 tagged: bool, mm_offset: bool = True, lookahead: int = 0) -> None:
         self.hash_block_size = hash_block_size
         self.hash_fn = hash_fn
         self.none_hash = none_hash
         self.tagged = tagged
+        self.mm_offset = mm_offset
+        self.lookahead = lookahead
 
     def __call__(self, request: Request) -> list:
         """The hashes of the full blocks after the last hashed one."""
@@ -201,7 +218,8 @@ class RequestBlockHasher:
         done = request.block_hashes
         tokens = request.all_token_ids
         begin = len(done) * size
-        end = len(tokens)
+        ahead = self.lookahead
+        end = len(tokens) - ahead
         fresh: list = []
         if begin + size > end:
             return fresh
@@ -210,9 +228,16 @@ class RequestBlockHasher:
         parent = (done[-1] if done else None) or self.none_hash
         plain = (request.lora is None and not request.mm_features
                  and request.prompt_embeds is None and not request.cache_salt)
+        tagged, mm_offset = self.tagged, self.mm_offset
         while begin + size <= end:
             stop = begin + size
-            keys = None if plain else block_extra_keys(request, begin, stop, self.tagged)
+            if ahead:
+                keys = None if plain else block_extra_keys(request, begin, stop + ahead,
+                                                           tagged, mm_offset)
+                keys = (keys, *tokens[stop:stop + ahead])
+            else:
+                keys = None if plain else block_extra_keys(request, begin, stop, tagged,
+                                                           mm_offset)
             parent = fn((parent, tuple(tokens[begin:stop]), keys))
             fresh.append(parent)
             begin = stop
@@ -220,7 +245,8 @@ class RequestBlockHasher:
 
     def update(self, request: Request) -> Sequence:
         """Hash what is newly full, extend the request's list, return the new ones."""
-        if (len(request.block_hashes) + 1) * self.hash_block_size > len(request.all_token_ids):
+        if ((len(request.block_hashes) + 1) * self.hash_block_size + self.lookahead
+                > len(request.all_token_ids)):
             return ()
         fresh = self(request)
         request.block_hashes.extend(fresh)
@@ -237,4 +263,5 @@ def get_request_block_hasher(
     callable, with NONE_HASH derived from it as the profile says."""
     fn = get_hash_fn(hash_fn)
     return RequestBlockHasher(hash_block_size, fn, none_hash(profile, hash_fn, seed),
-                              profile.tagged_extra_keys)
+                              profile.tagged_extra_keys,
+                              profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET)

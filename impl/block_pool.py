@@ -33,6 +33,8 @@ class BlockPool:
     profile: VersionProfile
     # KV events carry 64-bit int hashes (vLLM's default) or the raw bytes.
     events_use_int_hashes: bool = True
+    # Tokens after a block its hash covers (lookahead hashing, 0.33).
+    num_hash_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1:
@@ -46,13 +48,17 @@ class BlockPool:
         null = self.null_block = queue.popleft()
         null.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
-        self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes)
+        self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes,
+                                       self.num_hash_lookahead_tokens)
                         if self.enable_kv_cache_events else None)
-        # Where released blocks go: all to the back (0.17: None); 0.32 puts
-        # the unkeyed ones (never to be hit) in front for reuse first (True),
-        # all of them with caching off (False).
-        self._split_on_release = (None if self.profile.free_order is FreeOrder.APPEND_ALL
-                                  else self.enable_caching)
+        # Where released blocks go (profile.free_order): all to the back
+        # (None); the unkeyed ones (never to be hit) in front for reuse first
+        # (True); all of them in front (False). Blocks a group drops as they
+        # leave its window may follow another rule (0.23).
+        self._split_on_release, self._split_on_skip = _release_rules(
+            self.profile.free_order, self.enable_caching)
+        # Whether touch and free keep the null block's ref count (up to 0.32).
+        self._count_null = self.profile.null_block_refcount
 
     # -- keys -----------------------------------------------------------------
 
@@ -207,19 +213,29 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """One more holder for each hit block; an evictable one leaves the queue."""
         queue = self.free_block_queue
+        count_null = self._count_null
         for block in blocks:
-            if not block.ref_cnt and not block.is_null:
+            if block.is_null:
+                if count_null:
+                    block.ref_cnt += 1
+                continue
+            if not block.ref_cnt:
                 queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock],
+                    skipped: bool = False) -> None:
         """One holder fewer for each block; blocks nobody holds any more go back
         to the free queue. `ordered_blocks` is eviction priority, first
-        evicted first; where they land is the profile's free_order."""
+        evicted first; where they land is the profile's free_order (`skipped`:
+        the blocks leave a window or state, or a sliding-window table is freed)."""
         front: list[KVCacheBlock] = []
         back: list[KVCacheBlock] = []
-        split = self._split_on_release
+        split = self._split_on_skip if skipped else self._split_on_release
+        count_null = self._count_null
         for block in ordered_blocks:
+            if block.is_null and not count_null:
+                continue
             block.ref_cnt -= 1
             # The null block's count is not kept; it never re-enters the queue.
             if block.ref_cnt or block.is_null:
@@ -273,3 +289,16 @@ class BlockPool:
         drained, self.kv_event_queue = self.kv_event_queue, []
         return drained
 
+
+
+def _release_rules(order: FreeOrder, enable_caching: bool) -> tuple[bool | None, bool | None]:
+    """How released blocks are split (see BlockPool.free_blocks), for a plain
+    release and for blocks a group skips."""
+    if order is FreeOrder.APPEND_ALL:
+        return None, None
+    if order is FreeOrder.UNHASHED_FIRST_ON_SKIP:
+        # Skipped blocks are split by their hash; with caching off none has one.
+        return None, True
+    if order is FreeOrder.UNHASHED_FIRST_IF_CACHING and not enable_caching:
+        return None, None
+    return enable_caching, enable_caching

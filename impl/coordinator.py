@@ -28,7 +28,7 @@ from impl.managers.base import BlockTable, CopyPair
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.math_utils import cdiv
-from impl.profiles import ExternalBlocksOrder, VersionProfile
+from impl.profiles import ExternalBlocksOrder, PartialHitGating, VersionProfile
 from impl.request import Request
 
 PerGroup = tuple[Sequence[KVCacheBlock], ...]
@@ -41,12 +41,14 @@ class KVCacheCoordinator:
                  enable_kv_cache_events: bool = False, events_use_int_hashes: bool = True,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  scheduler_block_size: int | None = None, max_model_len: int = 1 << 30,
-                 max_in_flight_tokens: int | None = None) -> None:
+                 max_in_flight_tokens: int | None = None,
+                 num_hash_lookahead_tokens: int = 0) -> None:
         self.kv_cache_config, self.profile = kv_cache_config, profile
         self.hash_block_size, self.dcp_world_size = hash_block_size, dcp_world_size
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size,
                                     enable_kv_cache_events, profile=profile,
-                                    events_use_int_hashes=events_use_int_hashes)
+                                    events_use_int_hashes=events_use_int_hashes,
+                                    num_hash_lookahead_tokens=num_hash_lookahead_tokens)
         specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
         self.scheduler_block_size = scheduler_block_size or (
             specs[0].block_size if specs else hash_block_size)
@@ -255,19 +257,25 @@ def partial_hash_hits_enabled(
     manager_classes: Sequence[type[SingleTypeKVCacheManager]],
     hash_block_size: int,
     dcp_world_size: int,
+    gating: PartialHitGating = PartialHitGating.EVERY_GROUP_FINE,
 ) -> bool:
-    """Whether hits may end inside blocks: some Mamba "align" group's block
-    is larger than the hash block (or not smaller, under DCP), and every
-    other cacheable group can look up at hash granularity or is at it."""
+    """Whether hits may end inside blocks (profile.partial_hit_gating): some
+    Mamba "align" group's block is larger than the hash block (0.29+: or not
+    smaller, under DCP), and (0.28+) every other cacheable group can look up
+    at hash granularity or is at it."""
+    any_mamba = gating is PartialHitGating.ANY_MAMBA_ALIGN
+
     def mamba_wider(spec) -> bool:
         if not (isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"):
             return False
         if dcp_world_size == 1:
             return spec.block_size > hash_block_size
-        return spec.block_size >= hash_block_size
+        return not any_mamba and spec.block_size >= hash_block_size
 
     if not any(mamba_wider(spec) for spec in specs):
         return False
+    if any_mamba:
+        return True
     return all(
         not spec.prefix_cacheable or cls.supports_fine_grained_hash_lookup
         or spec.block_size * (dcp_world_size if spec.dcp_sharded else 1) == hash_block_size
@@ -280,12 +288,19 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         super().__init__(kv_cache_config, profile, enable_caching, hash_block_size, **kwargs)
         specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
         managers = self.single_type_managers
+        if not profile.single_spec_hybrid and len({(type(m), spec) for spec, m
+                                                   in zip(specs, managers)}) < 2:
+            # Releases before 0.29 look groups of one spec up together and
+            # need two such batches to build a hybrid coordinator.
+            raise AssertionError("a hybrid coordinator needs groups of at least two "
+                                 "distinct specs")
         for spec, manager in zip(specs, managers):
             if spec.prefix_cacheable and manager.block_size % hash_block_size:
                 raise ValueError(f"a {manager.block_size}-token block is not a whole number "
                                  f"of {hash_block_size}-token hash blocks")
         self.enable_partial_hash_hits = profile.partial_block_hits and partial_hash_hits_enabled(
-            specs, [type(m) for m in managers], hash_block_size, self.dcp_world_size)
+            specs, [type(m) for m in managers], hash_block_size, self.dcp_world_size,
+            profile.partial_hit_gating)
         self.alignment_tokens = (hash_block_size if self.enable_partial_hash_hits
                                  else self.scheduler_block_size)
         for manager in managers:

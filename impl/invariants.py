@@ -237,10 +237,13 @@ class InvariantChecker:
             touched.extend(blocks)
             kind.touch(pool, blocks)
 
-        def free_blocks(ordered_blocks):
+        def free_blocks(ordered_blocks, skipped=False):
             blocks = list(ordered_blocks)
             touched.extend(blocks)
-            kind.free_blocks(pool, blocks)
+            if skipped:
+                kind.free_blocks(pool, blocks, skipped=True)
+            else:
+                kind.free_blocks(pool, blocks)
 
         def cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *rest,
                               **kw):

@@ -51,9 +51,13 @@ class KVCacheManager:
     # Tokens that may be scheduled but not settled (caps windowed admission);
     # None: max_model_len.
     max_in_flight_tokens: int | None = None
+    # Tokens after a block its hash covers (profile.hash_lookahead_tokens).
+    num_hash_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         config, profile = self.kv_cache_config, self.profile
+        if self.num_hash_lookahead_tokens and not profile.hash_lookahead_tokens:
+            raise TypeError("this release hashes no lookahead tokens")
         self.prefix_cache_stats = PrefixCacheStats() if self.log_stats else None
         coordinator = self.coordinator = get_kv_cache_coordinator(
             config, profile, self.enable_caching, self.hash_block_size,
@@ -61,14 +65,15 @@ class KVCacheManager:
             events_use_int_hashes=self.events_use_int_hashes,
             dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size,
             scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
-            max_in_flight_tokens=self.max_in_flight_tokens)
+            max_in_flight_tokens=self.max_in_flight_tokens,
+            num_hash_lookahead_tokens=self.num_hash_lookahead_tokens)
         self.block_pool = coordinator.block_pool
         groups = config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
         self.watermark_blocks = int(self.watermark * config.num_blocks)
         # One shared "nothing" answer, so no-block answers allocate nothing.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
-        # What BlockStored events say about their group (0.32).
+        # What BlockStored events say about their group (0.22+).
         self._group_labels = tuple((g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
                                    for g in groups)
         self._count_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
@@ -110,14 +115,20 @@ class KVCacheManager:
 
     # -- lookup -------------------------------------------------------------------
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
-        """The request's longest cached prefix. Never all of it: the last
-        token is computed again for its logits."""
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
+                            ) -> tuple[KVCacheBlocks, int]:
+        """The request's longest cached prefix, at most `max_cache_hit_length`
+        tokens (profile.max_cache_hit_length). By default never all of it:
+        the last token is computed again for its logits."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
         num_tokens = len(request.all_token_ids)
+        if max_cache_hit_length is None:
+            max_cache_hit_length = num_tokens - 1
+        elif not self.profile.max_cache_hit_length:
+            raise TypeError("this release's lookup takes no max_cache_hit_length")
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                              num_tokens - 1)
+                                                              max_cache_hit_length)
         if self._count_at_lookup and self.log_stats:
             self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
         return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
@@ -282,7 +293,7 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         drained = self.block_pool.take_events()
-        if self.profile.kv_events_carry_group:
+        if self.profile.kv_event_fields.carries_spec:
             labels = self._group_labels
             for event in drained:
                 if type(event) is BlockStored and event.group_idx is not None:

@@ -41,7 +41,7 @@ from impl.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from impl.math_utils import cdiv
-from impl.profiles import BlockSizesRule, KVCacheTensorPlan
+from impl.profiles import BlockSizesRule, KVCacheTensorPlan, UnifyPadsPages
 
 # -- 1. pages ------------------------------------------------------------------------
 
@@ -101,34 +101,57 @@ def resolve_kv_cache_block_sizes(
     rule: BlockSizesRule = BlockSizesRule.LCM_GCD,
     pcp_world_size: int = 1,
 ) -> tuple[int, int]:
-    """(scheduler_block_size, hash_block_size) for the groups' specs.
+    """(scheduler_block_size, hash_block_size) for the groups' specs, by
+    `rule` (profile.block_sizes_rule).
 
-    0.32: one group: its (DCP-scaled) block size for both. Several: the LCM of
-    the block sizes for the scheduler, and hashes every GCD (or
-    prefix_match_unit) tokens, unless nothing reads hashes (no caching, no
-    connector) or a Mamba group is not in "align" mode.
-    0.17: the cache block size (the smallest group's) times dcp * pcp for
-    hashes; hybrid hits align to the LCM of the group block sizes.
+    0.29+ (LCM_GCD): one group: its (DCP-scaled where sharded) block size for
+    both. Several: the LCM of the block sizes for the scheduler, and hashes
+    every GCD of the cacheable groups' sizes (or prefix_match_unit), unless
+    nothing reads hashes (no caching, no connector) or a Mamba group is not in
+    "align" mode. 0.26-0.28 (LCM_GCD_ALL_GROUPS): one group scales by dcp
+    whatever its spec; the GCD is over every group. 0.20-0.25
+    (CACHE_BLOCK_SIZE_FOR_ONE_GROUP): one group: block size x dcp x pcp;
+    several: unscaled sizes, refused under context parallelism.
+    0.17-0.19 (CACHE_BLOCK_SIZE): the cache block size (the smallest group's)
+    times dcp * pcp for hashes; hybrid hits align to the LCM of the group
+    block sizes.
     """
     if rule is BlockSizesRule.CACHE_BLOCK_SIZE:
         cache_block = min(s.block_size for s in specs) * dcp_world_size * pcp_world_size
         if len(specs) <= 1:
             return cache_block, cache_block
         return math.lcm(*(s.block_size for s in specs)), cache_block
+    older = rule is not BlockSizesRule.LCM_GCD
     if len(specs) <= 1:
-        dcp = dcp_world_size if specs and specs[0].dcp_sharded else 1
+        if rule is BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP:
+            bs = specs[0].block_size * dcp_world_size * pcp_world_size if specs else 0
+            return bs, bs
+        dcp = dcp_world_size if specs and (older or specs[0].dcp_sharded) else 1
         bs = specs[0].block_size * dcp if specs else 0
-        if prefix_match_unit not in (None, bs) and specs and (enable_caching or kv_connector):
+        if (not older and prefix_match_unit not in (None, bs) and specs
+                and (enable_caching or kv_connector)):
             raise ValueError(
                 f"prefix_match_unit={prefix_match_unit} cannot apply: a model with one KV "
                 f"cache group is hashed (and hit) per {bs}-token block")
         return bs, bs
-    sizes = [resolve_dcp_block_size(s, dcp_world_size) for s in specs]
+    if rule is BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP:
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError("a model of several KV cache groups cannot run under context "
+                             "parallelism in this release")
+        sizes = [s.block_size for s in specs]
+    else:
+        sizes = [resolve_dcp_block_size(s, dcp_world_size) for s in specs]
     scheduler = math.lcm(*sizes)
     if not (enable_caching or kv_connector):
         return scheduler, scheduler
     if any(isinstance(s, MambaSpec) and s.mamba_cache_mode != "align" for s in specs):
         return scheduler, scheduler
+    if older:
+        hash_block = prefix_match_unit if prefix_match_unit is not None else math.gcd(*sizes)
+        if any(b % hash_block for b in sizes):
+            raise ValueError(f"prefix_match_unit={hash_block} does not divide every group's "
+                             f"block size (groups: {sizes})")
+        return scheduler, hash_block
     hashing = [b for s, b in zip(specs, sizes) if s.prefix_cacheable] or sizes
     hash_block = prefix_match_unit if prefix_match_unit is not None else math.gcd(*hashing)
     if any(b % hash_block for b in hashing):
@@ -231,11 +254,15 @@ def _is_uniform_spec(specs: Mapping[str, KVCacheSpec]) -> bool:
 
 
 def unify_kv_cache_spec_page_size(
-    specs: dict[str, KVCacheSpec], pad_pages: bool = True
+    specs: dict[str, KVCacheSpec], pad_pages: bool | UnifyPadsPages = True
 ) -> dict[str, KVCacheSpec]:
     """Give every layer the largest page: grow the block size by the page ratio
-    where it divides, else pad the page (Mamba, non-MLA attention). Without
-    padding (0.17, profile.unify_pads_pages) only block sizes grow."""
+    where it divides, else pad the page (Mamba, non-MLA attention).
+    profile.unify_pads_pages: before 0.24 only block sizes grow; 0.24-0.25 pad
+    attention pages but not Mamba ones."""
+    if not isinstance(pad_pages, UnifyPadsPages):
+        pad_pages = UnifyPadsPages.ALWAYS if pad_pages else UnifyPadsPages.NEVER
+    pad_mamba = pad_pages is UnifyPadsPages.ALWAYS
     pages = {page_size_bytes(s) for s in specs.values()}
     if len(pages) <= 1:
         return specs
@@ -245,7 +272,7 @@ def unify_kv_cache_spec_page_size(
         page = page_size_bytes(spec)
         if page == max_page:
             out[name] = spec
-        elif pad_pages and isinstance(spec, MambaSpec):
+        elif pad_mamba and isinstance(spec, MambaSpec):
             out[name] = replace(spec, page_size_padded=max_page)
         elif max_page % page == 0:
             out[name] = replace(spec, block_size=spec.block_size * (max_page // page))
@@ -261,10 +288,12 @@ def unify_kv_cache_spec_page_size(
     return out
 
 
-def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec], pad_ratio: float = 1.5
+                                 ) -> list[KVCacheGroupSpec]:
     """Hybrid layers of one page size: split every kind into groups of the same
     layer count, the count being the smallest kind's (or the largest's when the
-    kinds are nearly balanced), padding the last group of a kind."""
+    largest is below `pad_ratio` times the smallest: profile.uniform_group_pad_ratio),
+    padding the last group of a kind."""
     same_spec: dict[KVCacheSpec, list[str]] = defaultdict(list)
     for name, spec in specs.items():
         same_spec[spec].append(name)
@@ -283,7 +312,7 @@ def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec]) -> list[KVCacheG
             buckets.append((list(names), [spec]))
     counts = [len(names) for names, _ in buckets]
     group_size = min(counts)
-    if max(counts) < min(counts) * 1.5:
+    if max(counts) < min(counts) * pad_ratio:
         group_size = max(counts)
     grouped: list[list[str]] = []
     for names, _ in buckets:
@@ -297,7 +326,8 @@ def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec]) -> list[KVCacheG
 
 
 def get_kv_cache_groups(
-    specs: Mapping[str, KVCacheSpec], pad_pages: bool = True, layout: str = "LBNHC"
+    specs: Mapping[str, KVCacheSpec], pad_pages: bool | UnifyPadsPages = True,
+    layout: str = "LBNHC", pad_ratio: float = 1.5,
 ) -> list[KVCacheGroupSpec]:
     """Split the model's layers into KV cache groups (a group of a
     UniformTypeKVCacheSpecs when one kind has several page sizes)."""
@@ -314,7 +344,7 @@ def get_kv_cache_groups(
         # (_get_packed_kv_cache_groups); not implemented here.
         raise NotImplementedError("packed groups of mixed page sizes (block-outermost layout)")
     return _groups_of_uniform_page_size(
-        unify_kv_cache_spec_page_size(specs, pad_pages))
+        unify_kv_cache_spec_page_size(specs, pad_pages), pad_ratio)
 
 
 # -- 4. blocks and tensors ------------------------------------------------------------
@@ -399,7 +429,9 @@ def get_kv_cache_config_from_groups(
     if not groups:
         # Attention-free: one block, the null block the pool always needs.
         return KVCacheConfigPlan(1, [], groups)
-    if plan is KVCacheTensorPlan.SHARED_BY:
+    if plan is not KVCacheTensorPlan.STRIDED:
+        # 0.24-0.28's tensors carry an offset and a block stride, both zero
+        # outside the packed layouts this plan does not implement.
         return _shared_by_plan(groups, available_memory, num_gpu_blocks_override)
     per_block = bytes_per_block(groups, layout)
     num_blocks = available_memory // per_block

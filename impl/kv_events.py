@@ -14,7 +14,7 @@ from impl.block_hash import (
     get_block_hash,
     get_group_id,
 )
-from impl.profiles import VersionProfile
+from impl.profiles import MMExtraKey, VersionProfile
 from impl.request import Request
 
 MEDIUM_GPU = "GPU"
@@ -34,6 +34,8 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     session_id: str | None = None
+    # Per stored block, the tokens after it its hash covers (lookahead hashing).
+    lookahead_token_ids: list | None = None
 
 
 @dataclass(slots=True)
@@ -55,12 +57,17 @@ class KVEventBuilder:
     """Turns what the pool did into events, in the shape the profile's vLLM
     publishes (int or byte hashes, group fields or not, tagged extra keys)."""
 
-    __slots__ = ("as_int", "with_group", "tagged")
+    __slots__ = ("as_int", "with_group", "with_session", "tagged", "mm_offset", "lookahead")
 
-    def __init__(self, profile: VersionProfile, as_int: bool) -> None:
+    def __init__(self, profile: VersionProfile, as_int: bool, lookahead: int = 0) -> None:
         self.as_int = as_int
-        self.with_group = profile.kv_events_carry_group
+        # Tokens after a block its hash (and so its event's extra keys) covers.
+        self.lookahead = lookahead
+        fields = profile.kv_event_fields
+        self.with_group = fields.carries_group
+        self.with_session = fields.carries_session
         self.tagged = profile.tagged_extra_keys
+        self.mm_offset = profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET
 
     def removed(self, key: bytes) -> BlockRemoved:
         return BlockRemoved(
@@ -75,8 +82,12 @@ class KVEventBuilder:
         keys of each stored block are read over its range in `key_ranges`."""
         as_int = self.as_int
         lora = request.lora
-        extras = [event_extra_keys(block_extra_keys(request, a, b, self.tagged))
+        tagged, mm_offset, ahead = self.tagged, self.mm_offset, self.lookahead
+        extras = [event_extra_keys(block_extra_keys(request, a, b + ahead, tagged, mm_offset),
+                                   tagged)
                   for a, b in key_ranges]
+        tokens = request.all_token_ids
+        lookahead = [tokens[b:b + ahead] for _, b in key_ranges] if ahead else None
         return BlockStored(
             block_hashes=[external_block_hash(h, as_int) for h in hashes],
             parent_block_hash=None if parent is None else external_block_hash(parent, as_int),
@@ -88,5 +99,6 @@ class KVEventBuilder:
             # No list at all when no block was stored, as vLLM publishes it.
             extra_keys=extras or None,
             group_idx=group_id if self.with_group else None,
-            session_id=request.session_id if self.with_group else None,
+            session_id=request.session_id if self.with_session else None,
+            lookahead_token_ids=lookahead,
         )

@@ -1,15 +1,22 @@
 """Version profiles: every behaviour of vLLM's KV cache that differs between releases.
 
 A profile is data, not code. The impl and the vLLM adapter read its fields; nobody
-writes `if version == ...` anywhere else. To support a new vLLM release, add a
-profile here (and its row in specs/PROFILES.md) after checking each field against
-that release's source.
+writes `if version == ...` anywhere else. Each profile names the releases it was
+checked against (`checked_against`): a vLLM version whose minor release is among
+them uses it, any other has no profile (exit 3). specs/PROFILES.md says what each
+field means and where in vLLM's source it was read; specs/RELEASES.md is the
+catalogue of what changed in which release.
+
+To support a new vLLM release: build its overlay (ci/vllm-overlay.sh VERSION),
+read its KV cache source against the previous release's, add the release to the
+profile whose fields it shares (or a new profile: the previous one plus the
+fields that change), and run `make matrix`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -20,110 +27,277 @@ class FreeOrder(str, Enum):
     so its tail is evicted first).
     """
 
-    # 0.17: every released block is appended to the tail (LRU end).
+    # 0.17-0.22: every released block is appended to the tail (LRU end).
     APPEND_ALL = "append_all"
-    # 0.32: released blocks without a hash (or all, with caching off) are
-    # prepended to the head so they are reused first (LIFO, GPU locality);
-    # hashed blocks are appended (FIFO, so the cache evicts in LRU order).
+    # 0.23: blocks a group drops as they leave its window or state (and a
+    # sliding-window group's blocks when its request is freed) go to the head
+    # when they carry no hash, to the tail otherwise; every other release of
+    # blocks appends them all.
+    UNHASHED_FIRST_ON_SKIP = "unhashed_first_on_skip"
+    # 0.24-0.26, 0.28+: released blocks without a hash (or all, with caching
+    # off) are prepended to the head so they are reused first (LIFO, GPU
+    # locality); hashed blocks are appended (FIFO: the cache evicts in LRU order).
     UNHASHED_FIRST = "unhashed_first"
+    # 0.27: as UNHASHED_FIRST with caching on; with caching off every released
+    # block is appended.
+    UNHASHED_FIRST_IF_CACHING = "unhashed_first_if_caching"
 
 
 class NoneHashSeed(str, Enum):
     """How the parent hash of a request's first block (NONE_HASH) is seeded."""
 
-    # 0.17: hash_fn(PYTHONHASHSEED) if set, else 32 random bytes.
+    # 0.17-0.28: hash_fn(PYTHONHASHSEED) if set, else 32 random bytes.
     SEED_OR_RANDOM = "seed_or_random"
-    # 0.32: hash_fn(PYTHONHASHSEED) if set, else hash_fn("vllm-none-hash") for the
-    # cryptographic algorithms and a random seed for xxhash ones.
+    # 0.29+: hash_fn(PYTHONHASHSEED) if set, else hash_fn("vllm-none-hash") for
+    # the cryptographic algorithms and a random seed for xxhash ones.
     SEED_OR_FIXED_FOR_CRYPTO = "seed_or_fixed_for_crypto"
+
+
+class MMExtraKey(str, Enum):
+    """A multimodal item's extra key in the hash of a block it overlaps."""
+
+    # 0.17-0.18: the item's identifier; an item ending exactly where the block
+    # starts still counts as overlapping it.
+    IDENTIFIER = "identifier"
+    # 0.19+: (identifier, item offset - block start); an item ending at the
+    # block's start no longer overlaps it. Tagged ("mm", ...) with
+    # tagged_extra_keys (0.31+).
+    IDENTIFIER_OFFSET = "identifier_offset"
 
 
 class StatsRecordedAt(str, Enum):
     """When a prefix-cache lookup is counted in PrefixCacheStats."""
 
-    # 0.17: inside get_computed_blocks, so a lookup whose allocation fails counts.
+    # 0.17-0.26: inside get_computed_blocks, so a lookup whose allocation fails counts.
     LOOKUP = "lookup"
-    # 0.32: the scheduler calls record_prefix_cache_stats once the request is
+    # 0.27+: the scheduler calls record_prefix_cache_stats once the request is
     # admitted (allocation succeeded); get_computed_blocks records nothing.
     ADMISSION = "admission"
+
+
+class KVEventFields(str, Enum):
+    """Which optional fields KV events carry. Each value has the previous
+    one's fields and more."""
+
+    # 0.17-0.19: none of them.
+    NONE = "none"
+    # 0.20-0.21: BlockStored and BlockRemoved carry group_idx.
+    GROUP = "group"
+    # 0.22-0.29: BlockStored also carries kv_cache_spec_kind and
+    # kv_cache_spec_sliding_window.
+    GROUP_SPEC = "group_spec"
+    # 0.30-0.32: BlockStored also carries the request's session_id.
+    GROUP_SPEC_SESSION = "group_spec_session"
+    # 0.33: BlockStored also carries lookahead_token_ids (lookahead hashing).
+    GROUP_SPEC_SESSION_LOOKAHEAD = "group_spec_session_lookahead"
+
+    @property
+    def level(self) -> int:
+        return _EVENT_FIELD_LEVELS.index(self)
+
+    @property
+    def carries_group(self) -> bool:
+        return self.level >= 1
+
+    @property
+    def carries_spec(self) -> bool:
+        return self.level >= 2
+
+    @property
+    def carries_session(self) -> bool:
+        return self.level >= 3
+
+    @property
+    def carries_lookahead(self) -> bool:
+        return self.level >= 4
+
+
+_EVENT_FIELD_LEVELS = tuple(KVEventFields)
 
 
 class CoarseBlockHash(str, Enum):
     """How a group whose block size is a multiple of the hash block size derives
     its per-block hash from the request's hash-block-size hashes."""
 
-    # 0.17: the concatenation of the block's hash-size hashes.
+    # 0.17-0.23: the concatenation of the block's hash-size hashes.
     CONCAT = "concat"
-    # 0.32: the last hash-size hash inside the block (it already chains over the
-    # whole prefix).
+    # 0.24+: the last hash-size hash inside the block (it already chains over
+    # the whole prefix).
     LAST = "last"
 
 
 class ContextParallelBlockSize(str, Enum):
     """The block size a manager sees under decode/prefill context parallelism."""
 
-    # 0.17: block_size * dcp * pcp, for every kind.
+    # 0.17-0.25: block_size * dcp * pcp, for every kind.
     DCP_TIMES_PCP = "dcp_times_pcp"
-    # 0.32: block_size * dcp, only for specs whose KV is sharded across DCP ranks
-    # (attention); Mamba state is replicated and keeps its block size.
+    # 0.26-0.30: block_size * dcp, for every kind (Mamba included); pcp no
+    # longer scales blocks.
+    DCP_ALL_KINDS = "dcp_all_kinds"
+    # 0.31+: block_size * dcp, only for specs whose KV is sharded across DCP
+    # ranks (attention); Mamba state is replicated and keeps its block size.
     DCP_IF_SHARDED = "dcp_if_sharded"
 
 
 class ExternalBlocksOrder(str, Enum):
     """When blocks for connector-loaded (external) tokens are allocated."""
 
-    # 0.17: each group touches its hit and then allocates its external blocks
-    # before the next group touches its own hit.
+    # 0.17-0.23: each group touches its hit and then allocates its external
+    # blocks before the next group touches its own hit.
     PER_GROUP = "per_group"
-    # 0.32: every group touches its hit first, then every group allocates.
+    # 0.24+: every group touches its hit first, then every group allocates.
     AFTER_ALL_HITS = "after_all_hits"
 
 
 class BlockSizesRule(str, Enum):
     """Which block sizes the scheduler works in and requests are hashed at."""
 
-    # 0.17: both are the cache block size times dcp * pcp, whatever the groups.
+    # 0.17-0.19: hashes every cache block size x dcp x pcp tokens, whatever the
+    # groups; a hybrid's hits align to the LCM of the group block sizes.
     CACHE_BLOCK_SIZE = "cache_block_size"
-    # 0.32: one group: its block size (times dcp where sharded); several: the
-    # LCM of the group block sizes for the scheduler, their GCD (or
-    # prefix_match_unit) for hashes, unless nothing reads hashes.
+    # 0.20-0.25: one group: its block size x dcp x pcp for both; several: the
+    # LCM for the scheduler, hashes every GCD of all groups' block sizes (or
+    # prefix_match_unit); several under context parallelism: refused.
+    CACHE_BLOCK_SIZE_FOR_ONE_GROUP = "cache_block_size_for_one_group"
+    # 0.26-0.28: one group: block size x dcp; several: attention groups scaled
+    # by dcp, the LCM for the scheduler, the GCD over every group for hashes.
+    LCM_GCD_ALL_GROUPS = "lcm_gcd_all_groups"
+    # 0.29+: as LCM_GCD_ALL_GROUPS, the GCD over the prefix-cacheable groups
+    # only; one group scales by dcp only where its spec is DCP-sharded, and a
+    # prefix_match_unit other than its block size is refused.
     LCM_GCD = "lcm_gcd"
+
+
+class AdmissionControls(str, Enum):
+    """Which admission arguments `allocate_slots` honours. Each value has the
+    previous one's and more."""
+
+    # 0.17-0.20: none.
+    NONE = "none"
+    # 0.21-0.22: full_sequence_must_fit (with the per-request cap of the
+    # recycling kinds).
+    FULL_SEQUENCE = "full_sequence"
+    # 0.23: and reserved_blocks.
+    RESERVED_BLOCKS = "reserved_blocks"
+    # 0.24+: and has_scheduled_reqs with the manager's watermark.
+    WATERMARK = "watermark"
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The allocate_slots keywords honoured."""
+        return _ADMISSION_ARGS[: tuple(AdmissionControls).index(self)]
+
+
+_ADMISSION_ARGS = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
+
+
+class SlidingWindowSparseCaching(str, Enum):
+    """Which blocks a sliding-window group keys."""
+
+    # 0.17-0.21: every full block.
+    NONE = "none"
+    # 0.22: in a hybrid model, only the blocks at the end of each scheduler
+    # block that a hit there needs; a lone sliding-window group keys all.
+    HYBRID_ONLY = "hybrid_only"
+    # 0.23+: the reachable-block mask for every sliding-window group (a lone
+    # window-1 group keys nothing).
+    ALL = "all"
+
+
+class PartialHitGating(str, Enum):
+    """When a hybrid model's hits may end inside blocks (with partial_block_hits)."""
+
+    # 0.26-0.27: some Mamba "align" group is larger than the hash block, and
+    # no decode context parallelism.
+    ANY_MAMBA_ALIGN = "any_mamba_align"
+    # 0.28+: and every other prefix-cacheable group supports fine-grained
+    # lookup or has blocks of the hash block size (0.29+: under DCP, a Mamba
+    # block not smaller than the hash block will do).
+    EVERY_GROUP_FINE = "every_group_fine"
+
+
+class PromptTailBoundary(str, Enum):
+    """Where a prompt's tail is registered as a partial entry (partial_block_hits),
+    and where the scheduler ends a Mamba "align" prefill chunk."""
+
+    # 0.26-0.31: the prompt's end rounded down to the hash block; a Mamba
+    # group registers it only when it falls inside a block.
+    PROMPT_END = "prompt_end"
+    # 0.32+: a resend recomputes the prompt's last token, so the boundary is
+    # (prompt - 1) rounded down to the hash block; a Mamba group registers it
+    # at a block's end too (copying the block only when it falls inside).
+    BEFORE_LAST_TOKEN = "before_last_token"
+
+    def position(self, num_tokens: int, unit: int) -> int:
+        """The boundary of a prompt (or sequence) of `num_tokens` on a grid of
+        `unit` tokens."""
+        if self is PromptTailBoundary.PROMPT_END:
+            return num_tokens // unit * unit
+        return max(num_tokens - 1, 0) // unit * unit
+
+
+class MambaPartialTailRekey(str, Enum):
+    """Registering a Mamba "align" prompt tail inside a block (partial_block_hits)."""
+
+    # 0.26-0.32: the tail is registered (and marked cached this step, which
+    # defers a sibling's hit on it) even when the block already holds that key.
+    ALWAYS = "always"
+    # 0.33: a block already keyed at that token count is left alone.
+    UNLESS_KEYED = "unless_keyed"
 
 
 class KVCacheTensorPlan(str, Enum):
     """How the per-layer KV cache tensors of a KV cache config are described."""
 
-    # 0.17: KVCacheTensor(size, shared_by): one tensor per layer slot, shared by
-    # one layer of every group; each layer views it as
+    # 0.17-0.23: KVCacheTensor(size, shared_by): one tensor per layer slot,
+    # shared by one layer of every group; each layer views it as
     # (2, num_blocks, block_size, num_kv_heads, head_size).
     SHARED_BY = "shared_by"
-    # 0.32: KVCacheTensor(size, layers, layer_stride, block_stride, offset) over
-    # one allocation; each layer a logical [num_blocks, heads, block, bytes] view.
+    # 0.24-0.28: the same tensors, each with an offset and a block stride
+    # (KVCacheTensor(size, shared_by, offset, block_stride)).
+    SHARED_BY_WITH_OFFSETS = "shared_by_with_offsets"
+    # 0.29+: KVCacheTensor(size, layers, layer_stride, block_stride, offset)
+    # over one allocation; each layer a logical [num_blocks, heads, block, bytes] view.
     STRIDED = "strided"
+
+
+class UnifyPadsPages(str, Enum):
+    """How a hybrid model's page sizes are made uniform."""
+
+    # 0.17-0.23: only by growing block sizes; a page that does not divide the
+    # largest is refused.
+    NEVER = "never"
+    # 0.24-0.25: an attention page that does not divide the largest is padded
+    # to it; Mamba pages are not.
+    ATTENTION_ONLY = "attention_only"
+    # 0.26+: a Mamba page, or an attention page that does not divide, is padded.
+    ALWAYS = "always"
+
+    def __bool__(self) -> bool:
+        return self is not UnifyPadsPages.NEVER
 
 
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
-    # Exact releases whose source this profile was checked against.
+    # Exact releases whose source this profile was read from and checked
+    # against (make matrix); every minor release among them uses it.
     checked_against: tuple[str, ...]
     free_order: FreeOrder
     none_hash_seed: NoneHashSeed
     # Extra hash keys as ("lora", name, path), ("mm", id, offset),
-    # ("cache_salt", salt), ("prompt_embeds", digest) (0.32) instead of the bare
-    # lora name, mm identifier, salt and digest (0.17).
+    # ("cache_salt", salt), ("prompt_embeds", digest) (0.31+) instead of the
+    # bare lora name, mm key, salt and digest.
     tagged_extra_keys: bool
+    mm_extra_key: MMExtraKey
     stats_recorded_at: StatsRecordedAt
-    # BlockStored carries group_idx, kv_cache_spec_kind, sliding window and
-    # session_id; BlockRemoved carries group_idx (0.32, not 0.17).
-    kv_events_carry_group: bool
+    kv_event_fields: KVEventFields
     # allocate_slots takes num_new_tokens == 0 when only prefix-hit tokens are
-    # adopted (0.32); 0.17 raises unless external tokens are adopted.
+    # adopted (0.31+); before, it raises unless external tokens are adopted.
     allocate_adopts_hit_without_new_tokens: bool
-    # allocate_slots' admission controls: full_sequence_must_fit, reserved_blocks
-    # and the watermark (0.32; 0.17 has none of them).
-    has_admission_controls: bool
-    # vLLM API shape, read only by the vLLM adapter.
+    admission_controls: AdmissionControls
+    # vLLM API shape, read only by the vLLM adapter (and kept in agreement with
+    # its table, harness/backends/vllm_api.py).
     get_computed_blocks_arity: int
     manager_takes_scheduler_block_size: bool
     # --- hybrid models and the other attention kinds ---
@@ -132,45 +306,86 @@ class VersionProfile:
     context_parallel_block_size: ContextParallelBlockSize
     external_blocks_order: ExternalBlocksOrder
     # When blocks for connector (external) tokens are trimmed by the window:
-    # whenever any token is skipped (0.32), or only when a whole block is
-    # (0.17, which then allocates blocks for skipped external tokens).
+    # whenever any token is skipped (0.24+), or only when a whole block is
+    # (before, which then allocates blocks for skipped external tokens).
     external_trim_on_skipped_tokens: bool
     # Prefix-cache entries for prompt boundaries inside a block, hits ending
     # inside a block (fine-grained lookup when hash_block_size < block_size,
-    # with Mamba "align"), and copy-on-write of the shared tail block (0.32).
+    # with Mamba "align"), and copy-on-write of the shared tail block (0.26+).
     partial_block_hits: bool
+    partial_hit_gating: PartialHitGating
+    prompt_tail_boundary: PromptTailBoundary
+    mamba_partial_tail_rekey: MambaPartialTailRekey
+    # A Mamba "align" group's count of the blocks an allocation takes when it
+    # needs any: exactly its state block plus a partial hit's copy (up to
+    # 0.30), or what is missing, at most that (0.31+).
+    mamba_blocks_capped: bool
+    # A Mamba "align" group giving back the blocks before its state steps over
+    # the null entries prefill leaves between states (0.30+); before, the walk
+    # stops at the first null, as for the other kinds.
+    mamba_skip_steps_over_nulls: bool
     # A hybrid model caches only up to a multiple of the scheduler block size
-    # (the LCM of the group block sizes) unless fine-grained hits are on (0.32);
-    # 0.17 caches every full block of every group.
+    # (the LCM of the group block sizes) unless fine-grained hits are on
+    # (0.22+); before, every full block of every group.
     hybrid_caches_scheduler_aligned: bool
-    # Sliding-window groups of a hybrid model cache only the blocks a hit at an
-    # aligned boundary can use (0.32's reachable_block_mask); 0.17 caches all.
-    sliding_window_sparse_caching: bool
+    sliding_window_sparse_caching: SlidingWindowSparseCaching
     # The sink-attention manager takes sink_len / block_size blocks out of the
-    # free queue for good when it is built (0.17; 0.32 does not).
+    # free queue for good when it is built (0.17-0.29).
     sink_blocks_reserved: bool
+    # vLLM can build a sink-attention group at all (0.23-0.25 cannot: their
+    # coordinator passes an argument the sink manager does not take).
+    sink_groups_buildable: bool
+    # Several KV cache groups that all have one spec form a hybrid model
+    # (0.29+); before, the hybrid coordinator refuses to be built.
+    single_spec_hybrid: bool
+    # A Mamba group in "none" mode with prefix caching on can be built (up to
+    # 0.32; 0.33 refuses it).
+    mamba_none_with_caching: bool
+    # touch and free_blocks keep the null block's ref count (up to 0.32: a
+    # Mamba table's null entries, never touched, drive it below zero when
+    # freed); 0.33 leaves it alone and drops a table's leading nulls on free.
+    # Seen in divergence reports' block states only.
+    null_block_refcount: bool
+    # KVCacheManager(num_hash_lookahead_tokens=L): a block's hash also covers
+    # the L tokens after it (0.33).
+    hash_lookahead_tokens: bool
+    # get_computed_blocks(request, max_cache_hit_length) bounds the hit (0.33).
+    max_cache_hit_length: bool
     kv_cache_tensor_plan: KVCacheTensorPlan
-    # Unifying the page sizes of a hybrid model pads a Mamba page, or an
-    # attention page that does not divide the largest one (0.32); 0.17 only
-    # grows block sizes and refuses such a model (NotImplementedError).
-    unify_pads_pages: bool
-    # vLLM 0.32.0's SinkFullAttentionManager.__init__ rejects the
-    # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
-    # group cannot be built; the vLLM adapter drops the argument (API shape).
+    unify_pads_pages: UnifyPadsPages
+    # Hybrid layer grouping: when the largest per-kind layer count is below
+    # this times the smallest, every group takes the largest count (padding).
+    uniform_group_pad_ratio: float
+    # vLLM's SinkFullAttentionManager.__init__ rejects the
+    # `needs_kv_cache_zeroing` argument its own coordinator passes (0.26+), so
+    # the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
 
+    @property
+    def releases(self) -> str:
+        """The release range, for tables: '0.24.0-0.25.1'."""
+        first, last = self.checked_against[0], self.checked_against[-1]
+        return first if first == last else f"{first}-{last}"
 
-PROFILES: dict[str, VersionProfile] = {
-    "0.17": VersionProfile(
+    def covers(self, version: str) -> bool:
+        key = profile_key(version)
+        return any(profile_key(r) == key for r in self.checked_against)
+
+
+def _profiles() -> dict[str, VersionProfile]:
+    """Each profile is the previous one plus the fields that change
+    (specs/RELEASES.md, 'Profiles to write')."""
+    v017 = VersionProfile(
         name="0.17",
         checked_against=("0.17.1",),
         free_order=FreeOrder.APPEND_ALL,
         none_hash_seed=NoneHashSeed.SEED_OR_RANDOM,
         tagged_extra_keys=False,
+        mm_extra_key=MMExtraKey.IDENTIFIER,
         stats_recorded_at=StatsRecordedAt.LOOKUP,
-        kv_events_carry_group=False,
+        kv_event_fields=KVEventFields.NONE,
         allocate_adopts_hit_without_new_tokens=False,
-        has_admission_controls=False,
+        admission_controls=AdmissionControls.NONE,
         get_computed_blocks_arity=2,
         manager_takes_scheduler_block_size=False,
         block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
@@ -179,39 +394,95 @@ PROFILES: dict[str, VersionProfile] = {
         external_blocks_order=ExternalBlocksOrder.PER_GROUP,
         external_trim_on_skipped_tokens=False,
         partial_block_hits=False,
+        partial_hit_gating=PartialHitGating.ANY_MAMBA_ALIGN,
+        prompt_tail_boundary=PromptTailBoundary.PROMPT_END,
+        mamba_partial_tail_rekey=MambaPartialTailRekey.ALWAYS,
+        mamba_skip_steps_over_nulls=False,
+        mamba_blocks_capped=False,
         hybrid_caches_scheduler_aligned=False,
-        sliding_window_sparse_caching=False,
+        sliding_window_sparse_caching=SlidingWindowSparseCaching.NONE,
         sink_blocks_reserved=True,
+        sink_groups_buildable=True,
+        single_spec_hybrid=False,
+        mamba_none_with_caching=True,
+        null_block_refcount=True,
+        hash_lookahead_tokens=False,
+        max_cache_hit_length=False,
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
-        unify_pads_pages=False,
+        unify_pads_pages=UnifyPadsPages.NEVER,
+        uniform_group_pad_ratio=1.25,
         sink_manager_rejects_zeroing_arg=False,
-    ),
-    "0.32": VersionProfile(
-        name="0.32",
-        checked_against=("0.32.0",),
-        free_order=FreeOrder.UNHASHED_FIRST,
-        none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
-        tagged_extra_keys=True,
-        stats_recorded_at=StatsRecordedAt.ADMISSION,
-        kv_events_carry_group=True,
-        allocate_adopts_hit_without_new_tokens=True,
-        has_admission_controls=True,
-        get_computed_blocks_arity=3,
-        manager_takes_scheduler_block_size=True,
-        block_sizes_rule=BlockSizesRule.LCM_GCD,
-        coarse_block_hash=CoarseBlockHash.LAST,
-        context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
-        external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,
-        external_trim_on_skipped_tokens=True,
-        partial_block_hits=True,
-        hybrid_caches_scheduler_aligned=True,
-        sliding_window_sparse_caching=True,
-        sink_blocks_reserved=False,
-        kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
-        unify_pads_pages=True,
-        sink_manager_rejects_zeroing_arg=True,
-    ),
-}
+    )
+    v018 = replace(v017, name="0.18", checked_against=("0.18.1",),
+                   uniform_group_pad_ratio=1.5)
+    v019 = replace(v018, name="0.19", checked_against=("0.19.1",),
+                   mm_extra_key=MMExtraKey.IDENTIFIER_OFFSET)
+    v020 = replace(v019, name="0.20", checked_against=("0.20.2",),
+                   kv_event_fields=KVEventFields.GROUP,
+                   block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP)
+    v021 = replace(v020, name="0.21", checked_against=("0.21.0",),
+                   admission_controls=AdmissionControls.FULL_SEQUENCE)
+    v022 = replace(v021, name="0.22", checked_against=("0.22.1",),
+                   kv_event_fields=KVEventFields.GROUP_SPEC,
+                   hybrid_caches_scheduler_aligned=True,
+                   sliding_window_sparse_caching=SlidingWindowSparseCaching.HYBRID_ONLY)
+    v023 = replace(v022, name="0.23", checked_against=("0.23.0",),
+                   free_order=FreeOrder.UNHASHED_FIRST_ON_SKIP,
+                   sliding_window_sparse_caching=SlidingWindowSparseCaching.ALL,
+                   admission_controls=AdmissionControls.RESERVED_BLOCKS,
+                   manager_takes_scheduler_block_size=True,
+                   sink_groups_buildable=False)
+    v024 = replace(v023, name="0.24", checked_against=("0.24.0", "0.25.1"),
+                   free_order=FreeOrder.UNHASHED_FIRST,
+                   coarse_block_hash=CoarseBlockHash.LAST,
+                   external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,
+                   external_trim_on_skipped_tokens=True,
+                   admission_controls=AdmissionControls.WATERMARK,
+                   kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY_WITH_OFFSETS,
+                   unify_pads_pages=UnifyPadsPages.ATTENTION_ONLY)
+    v026 = replace(v024, name="0.26", checked_against=("0.26.0",),
+                   context_parallel_block_size=ContextParallelBlockSize.DCP_ALL_KINDS,
+                   partial_block_hits=True,
+                   block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
+                   sink_groups_buildable=True,
+                   unify_pads_pages=UnifyPadsPages.ALWAYS,
+                   get_computed_blocks_arity=3,
+                   sink_manager_rejects_zeroing_arg=True)
+    v027 = replace(v026, name="0.27", checked_against=("0.27.1",),
+                   stats_recorded_at=StatsRecordedAt.ADMISSION,
+                   free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
+    v028 = replace(v027, name="0.28", checked_against=("0.28.0",),
+                   free_order=FreeOrder.UNHASHED_FIRST,
+                   partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)
+    v029 = replace(v028, name="0.29", checked_against=("0.29.0",),
+                   single_spec_hybrid=True,
+                   none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
+                   block_sizes_rule=BlockSizesRule.LCM_GCD,
+                   kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED)
+    v030 = replace(v029, name="0.30", checked_against=("0.30.0",),
+                   sink_blocks_reserved=False,
+                   mamba_skip_steps_over_nulls=True,
+                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION)
+    v031 = replace(v030, name="0.31", checked_against=("0.31.0",),
+                   tagged_extra_keys=True,
+                   context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
+                   allocate_adopts_hit_without_new_tokens=True,
+                   mamba_blocks_capped=True)
+    v032 = replace(v031, name="0.32", checked_against=("0.32.0",),
+                   prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN)
+    v033 = replace(v032, name="0.33", checked_against=("0.33.0",),
+                   mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
+                   mamba_none_with_caching=False,
+                   null_block_refcount=False,
+                   hash_lookahead_tokens=True,
+                   max_cache_hit_length=True,
+                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD)
+    ordered = (v017, v018, v019, v020, v021, v022, v023, v024, v026, v027, v028, v029,
+               v030, v031, v032, v033)
+    return {p.name: p for p in ordered}
+
+
+PROFILES: dict[str, VersionProfile] = _profiles()
 
 
 class UnsupportedVersion(ValueError):
@@ -222,19 +493,39 @@ _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:[.+\-].*)?$")
 
 
 def profile_key(version: str) -> str:
-    """'0.32.0', '0.32.0+cpu', 'v0.32' -> '0.32'. Patch releases share a profile."""
+    """'0.32.0', '0.32.0+cpu', 'v0.32' -> '0.32': the minor release."""
     m = _VERSION_RE.match(version.strip())
     if not m:
         raise UnsupportedVersion(f"'{version}' is not a vLLM version")
     return f"{int(m.group(1))}.{int(m.group(2))}"
 
 
+# Minor release -> its profile's name ('0.25' -> '0.24').
+_BY_MINOR = {profile_key(r): p.name for p in PROFILES.values() for r in p.checked_against}
+
+
 def get_profile(version: str) -> VersionProfile:
+    """The profile of a vLLM version (patch releases share their minor's), or
+    of a profile name ('0.24')."""
     key = profile_key(version)
     try:
-        return PROFILES[key]
+        return PROFILES[_BY_MINOR[key]]
     except KeyError:
-        supported = ", ".join(sorted(PROFILES))
         raise UnsupportedVersion(
-            f"vLLM {version} has no profile (supported: {supported})"
+            f"vLLM {version} has no profile (supported: {supported_versions()})"
         ) from None
+
+
+def supported_versions() -> str:
+    """The minor releases with a profile, runs of consecutive ones as ranges:
+    '0.17-0.33'."""
+    minors = sorted(tuple(map(int, k.split("."))) for k in _BY_MINOR)
+    runs: list[list[tuple[int, int]]] = []
+    for m in minors:
+        if runs and runs[-1][-1][0] == m[0] and runs[-1][-1][1] + 1 == m[1]:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    name = "{0[0]}.{0[1]}".format
+    return ", ".join(name(r[0]) if len(r) == 1 else f"{name(r[0])}-{name(r[-1])}"
+                     for r in runs)

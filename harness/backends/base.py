@@ -129,7 +129,7 @@ class Backend(ABC):
         return {"block_hashes": [h.hex() for h in self.add_request(ev)]}
 
     def _on_lookup(self, ev: Lookup) -> dict:
-        block_ids, hit_tokens = self.lookup(ev.req)
+        block_ids, hit_tokens = self.lookup(ev.req, ev.max_cache_hit_length)
         return {"hit_tokens": hit_tokens, "block_ids": block_ids}
 
     def _on_allocate(self, ev: Allocate) -> dict:
@@ -220,7 +220,8 @@ class Backend(ABC):
         self.requests[ev.req] = request
         return list(request.block_hashes)
 
-    def lookup(self, req: str) -> tuple[BlockIds, int]:
+    def lookup(self, req: str, max_cache_hit_length: int | None = None
+               ) -> tuple[BlockIds, int]:
         request = self._request(req)
         if request.num_computed_tokens:
             # vLLM's scheduler looks up only requests with nothing computed
@@ -229,7 +230,11 @@ class Backend(ABC):
             raise BackendError(f"vLLM rejects this: request '{req}' is running "
                                f"({request.num_computed_tokens} computed tokens); only waiting "
                                "requests are looked up")
-        blocks, hit_tokens, block_ids = self._get_computed_blocks(request)
+        if max_cache_hit_length is None:
+            blocks, hit_tokens, block_ids = self._get_computed_blocks(request)
+        else:
+            blocks, hit_tokens, block_ids = self._get_computed_blocks(request,
+                                                                      max_cache_hit_length)
         self._pending_hit[req] = (blocks, hit_tokens)
         return block_ids, hit_tokens
 
@@ -268,8 +273,10 @@ class Backend(ABC):
         """A request object whose block hashes are computed."""
 
     @abstractmethod
-    def _get_computed_blocks(self, request) -> tuple[Any, int, BlockIds]:
-        """(blocks to pass to allocate, hit tokens, hit block ids per group)."""
+    def _get_computed_blocks(self, request, max_cache_hit_length: int | None = None
+                             ) -> tuple[Any, int, BlockIds]:
+        """(blocks to pass to allocate, hit tokens, hit block ids per group);
+        the hit at most `max_cache_hit_length` tokens when given."""
 
     @abstractmethod
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:

@@ -9,7 +9,7 @@ from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.invariants import InvariantChecker, InvariantViolation
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
-from impl.profiles import VersionProfile
+from impl.profiles import MMExtraKey, VersionProfile
 from impl.request import Request, RequestStatus
 
 
@@ -47,6 +47,7 @@ class ImplBackend(Backend):
             pcp_world_size=config.pcp_world_size,
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=config.max_in_flight_tokens,
+            num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
         )
         self.hasher = RequestBlockHasher(
             hash_block_size,
@@ -54,9 +55,12 @@ class ImplBackend(Backend):
             bytes.fromhex(config.none_hash) if config.none_hash is not None
             else none_hash(profile, config.hash_algo, config.hash_seed),
             profile.tagged_extra_keys,
+            profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET,
+            config.num_hash_lookahead_tokens,
         )
         self._no_blocks = self.manager.empty_kv_cache_blocks
         self._hash_block_size = hash_block_size
+        self._lookahead = config.num_hash_lookahead_tokens
         self._one_group = len(self._no_blocks.blocks) == 1
         # Run the invariant checker after every event (slow; for the fuzzer).
         self.checker = InvariantChecker() if check else None
@@ -98,8 +102,8 @@ class ImplBackend(Backend):
         self.hasher.update(request)
         return request
 
-    def _get_computed_blocks(self, request: Request):
-        blocks, hit_tokens = self.manager.get_computed_blocks(request)
+    def _get_computed_blocks(self, request: Request, max_cache_hit_length=None):
+        blocks, hit_tokens = self.manager.get_computed_blocks(request, max_cache_hit_length)
         return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
@@ -129,7 +133,7 @@ class ImplBackend(Backend):
         request = self._request(req)
         ids = request.all_token_ids
         ids.extend(tokens)
-        if (len(request.block_hashes) + 1) * self._hash_block_size > len(ids):
+        if (len(request.block_hashes) + 1) * self._hash_block_size + self._lookahead > len(ids):
             return ()  # no block filled: the common case, answered without a call
         return self.hasher.update(request)
 

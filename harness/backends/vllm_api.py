@@ -47,15 +47,12 @@ class VllmApi:
     # get_kv_cache_config_from_groups, unify_kv_cache_spec_page_size, ...).
     sizing_module: str
     # How the engine derives the (scheduler, hash) block sizes it passes the
-    # manager, for a model with one KV cache group and for a hybrid one.
-    # 0.20-0.25 keep the old rule for one group (block_size * dcp * pcp) and
-    # the LCM/GCD rule for hybrids (which they refuse under context
-    # parallelism).
+    # manager (impl/kv_cache_sizing.resolve_kv_cache_block_sizes reads the rule).
     block_sizes_rule: BlockSizesRule
-    hybrid_block_sizes_rule: BlockSizesRule
-
-    def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
-        return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
+    # KVCacheManager and get_request_block_hasher take num_hash_lookahead_tokens.
+    takes_hash_lookahead_tokens: bool
+    # get_computed_blocks takes max_cache_hit_length.
+    lookup_takes_max_cache_hit_length: bool
 
 
 _ADMISSION = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
@@ -73,24 +70,28 @@ _V017 = VllmApi(
     sink_manager_rejects_zeroing_arg=False,
     sizing_module="vllm.v1.core.kv_cache_utils",
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
-    hybrid_block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+    takes_hash_lookahead_tokens=False,
+    lookup_takes_max_cache_hit_length=False,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
+                block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
                 admission_args=_ADMISSION[:2])
 _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
-                block_sizes_rule=BlockSizesRule.LCM_GCD,
+                block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
                 get_computed_blocks_arity=3, has_block_copies=True,
                 sink_manager_rejects_zeroing_arg=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
 _V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
-_V033 = replace(_V028, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
+_V029 = replace(_V028, since="0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD)
+_V033 = replace(_V029, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
+                takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
 
 # Oldest first; a release takes the last row whose `since` it has reached.
-SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V033)
+SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V029,
+                               _V033)
 
 
 def api_for(version: str) -> VllmApi:

@@ -41,12 +41,42 @@ def installed_vllm_version() -> str:
     return vllm.__version__
 
 
+# `kvconform --assume-profile VERSION`: compare the installed vLLM with another
+# release's profile (the upgrade question: did anything change?). An
+# environment variable, so that the gate's pytest workers see it too.
+ASSUME_PROFILE_ENV = "KVCONFORM_ASSUME_PROFILE"
+
+
+def assumed_profile() -> VersionProfile | None:
+    """The profile --assume-profile names, if any (its version must have one)."""
+    version = os.environ.get(ASSUME_PROFILE_ENV)
+    if not version:
+        return None
+    try:
+        return get_profile(version)
+    except UnsupportedVersion as e:
+        raise EnvironmentProblem(f"--assume-profile: {e}") from None
+
+
 def installed_vllm_profile() -> VersionProfile:
+    """The installed vLLM's profile, or the one --assume-profile names."""
     version = installed_vllm_version()
+    assumed = assumed_profile()
+    if assumed is not None:
+        return assumed
     try:
         return get_profile(version)
     except UnsupportedVersion as e:
         raise EnvironmentProblem(f"installed {e}") from None
+
+
+def profile_is_assumed() -> bool:
+    """Whether the installed vLLM runs against another release's profile (an
+    unverified profile: results say so)."""
+    assumed = assumed_profile()
+    if assumed is None:
+        return False
+    return not assumed.covers(installed_vllm_version())
 
 
 def installed_vllm_api() -> VllmApi:
@@ -196,8 +226,7 @@ class VllmBackend(Backend):
         )
         # block_sizes reads only the rule, which the API shape carries for
         # releases without a profile too.
-        rule = api.block_sizes_rule_for(len(config.groups))
-        scheduler_block_size, hash_block_size = config.block_sizes(_Rule(rule))
+        scheduler_block_size, hash_block_size = config.block_sizes(_Rule(api.block_sizes_rule))
         kwargs = dict(
             max_model_len=config.max_model_len,
             hash_block_size=hash_block_size,
@@ -217,6 +246,12 @@ class VllmBackend(Backend):
             if not api.manager_takes_watermark:
                 raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
+        lookahead = config.num_hash_lookahead_tokens
+        if lookahead:
+            if not api.takes_hash_lookahead_tokens:
+                raise BackendError(f"vLLM {self._release} hashes no lookahead tokens",
+                                   "cache.num_hash_lookahead_tokens")
+            kwargs["num_hash_lookahead_tokens"] = lookahead
         self.manager = KVCacheManager(kv_cache_config, **kwargs)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
@@ -227,7 +262,7 @@ class VllmBackend(Backend):
             kv_cache_utils.NONE_HASH = bytes.fromhex(config.none_hash)
         self._none_hash = kv_cache_utils.NONE_HASH
         self._block_hasher = kv_cache_utils.get_request_block_hasher(
-            hash_block_size, hash_fn
+            hash_block_size, hash_fn, *((lookahead,) if lookahead else ())
         )
         self._arity3 = api.get_computed_blocks_arity == 3
 
@@ -292,13 +327,19 @@ class VllmBackend(Backend):
             **kwargs,
         )
 
-    def _get_computed_blocks(self, request):
+    def _get_computed_blocks(self, request, max_cache_hit_length=None):
+        bound = ()
+        if max_cache_hit_length is not None:
+            if not self.api.lookup_takes_max_cache_hit_length:
+                raise BackendError(f"vLLM {self._release} get_computed_blocks has no "
+                                   "max_cache_hit_length", "max_cache_hit_length")
+            bound = (max_cache_hit_length,)
         if self._arity3:
             blocks, hit_tokens, _shared_prefix_boundary = (
-                self.manager.get_computed_blocks(request)
+                self.manager.get_computed_blocks(request, *bound)
             )
         else:
-            blocks, hit_tokens = self.manager.get_computed_blocks(request)
+            blocks, hit_tokens = self.manager.get_computed_blocks(request, *bound)
         return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:

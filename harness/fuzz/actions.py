@@ -39,6 +39,9 @@ class Schedule:
     delay_cache: bool = False
     full_sequence_must_fit: bool = False
     reserved_blocks: int = 0
+    # The lookup's bound, as a fraction of the request's tokens - 1 (None:
+    # the default bound); used where the profile's lookup takes one (0.33).
+    max_hit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

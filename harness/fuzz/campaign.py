@@ -27,9 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.backends.impl_backend import ImplBackend
-from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+from harness.backends.vllm_backend import (
+    EnvironmentProblem,
+    VllmBackend,
+    installed_vllm_version,
+)
 from harness.cache_config import CacheConfig, GroupConfig
-from harness.diff import Failure
+from harness.diff import Failure, FailureKind
+from harness.events import Checkpoint
 from harness.fuzz.actions import Action
 from harness.fuzz.driver import Driver, FuzzRun
 from harness.fuzz.faults import inject
@@ -65,6 +70,8 @@ class CampaignTotals:
     startup_seconds: float = 0.0  # vLLM's import and the first backends, not in `seconds`
     # The campaign stopped at max_cases, the budget it was given in cases.
     stopped_at_max_cases: bool = False
+    # Cases whose config both backends refuse (the release builds no such model).
+    refused: int = 0
 
     @property
     def ops_per_s(self) -> float:
@@ -107,8 +114,36 @@ def start_up(profile: VersionProfile) -> float:
 
 
 def run_case(config: CacheConfig, actions: list[Action], profile: VersionProfile) -> FuzzRun:
-    backends = [VllmBackend(config, profile), ImplBackend(config, profile, check=True)]
+    backends = build_backends(config, profile)
+    if isinstance(backends, FuzzRun):
+        return backends
     return Driver(config, profile, backends).execute(actions)
+
+
+def build_backends(config: CacheConfig, profile: VersionProfile) -> list | FuzzRun:
+    """vLLM's and impl's backends for a case; when a config cannot be built,
+    a FuzzRun saying so: both refuse it (the release does not take such a
+    model: the case is skipped), or only one does (a divergence)."""
+    built, refusals = [], {}
+    for name, make in (("vllm", lambda: VllmBackend(config, profile)),
+                       ("impl", lambda: ImplBackend(config, profile, check=True))):
+        try:
+            built.append(make())
+        except EnvironmentProblem:
+            raise
+        except Exception as e:  # noqa: BLE001 - a backend refusing the config is an answer
+            refusals[name] = f"refuses this config: {type(e).__name__}: {e}"
+    if not refusals:
+        return built
+    run = FuzzRun()
+    if len(refusals) == 2:
+        run.refused = refusals["vllm"]
+        return run
+    answers = {n: refusals.get(n, "builds it") for n in ("vllm", "impl")}
+    event = Checkpoint(fields=())
+    run.failure = Failure(FailureKind.DIVERGED, event, answers, "cache")
+    run.events.append((event, None))
+    return run
 
 
 def _signature(run: FuzzRun) -> tuple:
@@ -150,9 +185,12 @@ def fuzz(
                     result.stopped_at_max_cases = True
                     break
                 case = first_case + result.cases
-                config, actions = draw_case(case_rng(seed, case), fc, max_ops)
+                config, actions = draw_case(case_rng(seed, case), fc, max_ops,
+                                            profile.hash_lookahead_tokens)
                 run = run_case(config, actions, profile)
                 result.cases += 1
+                if run.refused is not None:
+                    result.refused += 1
                 result.ops += len(run.events)
                 result.states |= run.signatures
                 result.seconds = time.perf_counter() - t0

@@ -62,6 +62,7 @@ class UnitResult:
     num_calls: int = 0
     num_calls_before: int = 0
     trace: str | None = None  # the shrunk finding, a JSON Lines trace
+    refused: int = 0  # cases whose config both backends refuse
 
 
 def run_unit(unit: FuzzUnit, profile_name: str) -> UnitResult:
@@ -72,7 +73,7 @@ def run_unit(unit: FuzzUnit, profile_name: str) -> UnitResult:
         r = fuzz(get_profile(profile_name), unit.seconds, unit.seed, out, unit.max_ops,
                  unit.fuzz_config, unit.fault, max_cases=unit.num_cases,
                  first_case=unit.first_case, started=True)
-        result = UnitResult(r.cases, r.ops, r.seconds, r.states)
+        result = UnitResult(r.cases, r.ops, r.seconds, r.states, refused=r.refused)
         f = r.finding
         if f is not None:
             with open(f.path) as fh:
@@ -185,6 +186,7 @@ def fuzz_on_ray(pool: WorkerPool, profile_name: str, seconds: float, seed: int, 
             continue
         result.cases += r.cases
         result.ops += r.ops
+        result.refused += r.refused
         result.states |= r.states
         counts = result.per_config.setdefault(unit.config_name, [0, 0])
         counts[0] += r.cases

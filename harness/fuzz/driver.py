@@ -61,6 +61,7 @@ from harness.fuzz.actions import (
     StepBoundary,
 )
 from harness.lockstep import run_event
+from harness.mamba_chunks import MambaChunking
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 
@@ -86,6 +87,8 @@ class FuzzRun:
     failure: Failure | None = None
     # A state signature per call, for counting distinct states reached.
     signatures: set = field(default_factory=set)
+    # Why the case did not run: both backends refuse its config.
+    refused: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -109,20 +112,14 @@ class Driver:
         self.used: set[int] = set()
         self.run = FuzzRun()
         self.record_at_admission = profile.stats_recorded_at is StatsRecordedAt.ADMISSION
-        self.admission_controls = profile.has_admission_controls
+        self.lookup_takes_bound = profile.max_cache_hit_length
+        # The admission arguments the profile's allocate_slots takes.
+        self.admission_args = profile.admission_controls.args
         self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
         # Copies are queued only by hits inside blocks.
         self.drain_copies = config.fine_grained_hits(profile)
         # Mamba "align": the scheduler's chunk splitting (see _mamba_split).
-        self.mamba_block_size = next(
-            (g.block_size for g in config.groups
-             if g.kind == "mamba" and config.mamba_cache_mode(g) == "align"), None)
-        if self.mamba_block_size is not None:
-            self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
-            self.mamba_partial_hits = (
-                self.hash_block_size < self.scheduler_block_size
-                and config.fine_grained_hits(profile)
-            )
+        self.mamba = MambaChunking.of(config, profile)
 
     def call(self, event: Event) -> dict | None:
         """Run one event everywhere; None once failed."""
@@ -201,30 +198,11 @@ class Driver:
             call(Checkpoint())
 
     def _mamba_split(self, r: _Req, start: int, num_new: int) -> int:
-        """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
-        (no prefill checkpoint blocks, no EAGLE, no shared-prefix junctions):
-        Mamba states are written at chunk ends, so chunks end on block
-        boundaries, at the last cacheable boundary and, with hits inside
-        blocks, at the prompt's last hash boundary."""
-        if self.mamba_block_size is None:
+        """Clip a prefill chunk as vLLM's scheduler does for Mamba "align"
+        (harness/mamba_chunks.py)."""
+        if self.mamba is None:
             return num_new
-        prefill_end = max(r.num_prompt, r.num_tokens - 1)
-        if start >= prefill_end:
-            return num_new
-        bs = self.mamba_block_size
-        last_cache_position = max((r.num_tokens - 1) // bs * bs, 0)
-        end = start + num_new
-        if end < prefill_end:
-            end = end // bs * bs
-        hbs = self.hash_block_size
-        tail = max((r.num_prompt - 1) // hbs * hbs, 0) if self.mamba_partial_hits else 0
-        stops = (
-            (start // bs + 1) * bs if start % bs else 0,
-            last_cache_position,
-            tail if last_cache_position < tail < r.num_prompt else 0,
-        )
-        end = min((s for s in stops if start < s < end), default=end)
-        return max(end - start, 0)
+        return self.mamba.split(start, num_new, r.num_prompt, r.num_tokens)
 
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)
@@ -240,10 +218,9 @@ class Driver:
             if answer is not None and "refused" not in answer:
                 r.num_computed += num_new
             return
-        admission = {}
-        if self.admission_controls:
-            admission = dict(full_sequence_must_fit=a.full_sequence_must_fit,
-                             reserved_blocks=a.reserved_blocks)
+        drawn = dict(full_sequence_must_fit=a.full_sequence_must_fit,
+                     reserved_blocks=a.reserved_blocks)
+        admission = {k: v for k, v in drawn.items() if k in self.admission_args}
         if self.has_cross:
             admission["num_encoder_tokens"] = r.encoder_tokens
         if r.num_computed > 0:
@@ -258,7 +235,10 @@ class Driver:
                 r.num_computed += num_new
                 r.status = _Status.RUNNING
             return
-        answer = self.call(Lookup(req))
+        bound = None
+        if a.max_hit is not None and self.lookup_takes_bound:
+            bound = int(a.max_hit * (r.num_tokens - 1))
+        answer = self.call(Lookup(req, bound))
         if answer is None:
             return
         hit = answer["hit_tokens"]

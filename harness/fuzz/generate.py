@@ -11,7 +11,7 @@ handful of blocks (always nearly full) to thousands.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
@@ -107,7 +107,23 @@ def _what(like) -> str:
     return f"a {type(like).__name__}"
 
 
-def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:
+# Knobs only some releases have (profile.hash_lookahead_tokens,
+# profile.max_cache_hit_length): drawn for every case from a generator of
+# their own, so that the rest of a case's program is the same for every
+# release; the driver uses them where the profile has them.
+P_HASH_LOOKAHEAD = 0.15
+P_MAX_HIT = 0.15
+# Lookahead hashing leaves a request's last blocks unhashed; vLLM 0.33's
+# lookups that scan from the right (sliding window, chunked local, Mamba) then
+# index past the hashes (IndexError), so only prefix-scan kinds get it.
+_PREFIX_SCAN_KINDS = ("full_attention", "mla_attention", "sink_full_attention")
+
+
+def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
+              lookahead_hashing: bool = False) -> tuple[CacheConfig, list[Action]]:
+    """A case's config and program. `lookahead_hashing`: the release hashes
+    lookahead tokens, so some non-hybrid cases turn it on."""
+    knobs = random.Random(str(rng.getstate()[1][:8]))
     bs = rng.choice(fc.block_sizes)
     num_blocks = rng.choice(fc.pool_sizes)
     hash_algo = rng.choice(fc.hash_algos)
@@ -120,6 +136,10 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
     else:
         config = draw_cache_config(rng.choice(fc.kinds), rng, bs, num_blocks, hash_algo,
                                    hash_seed, caching, 1 << 14)
+    ahead = knobs.choice((1, 2)) if knobs.random() < P_HASH_LOOKAHEAD else 0
+    if ahead and lookahead_hashing and config.groups[0].kind in _PREFIX_SCAN_KINDS and (
+            len(config.groups) == 1):
+        config = replace(config, num_hash_lookahead_tokens=ahead)
     kinds = {g.kind for g in config.groups}
     # Encoder-decoder models and Mamba state take no connector (external) KV.
     no_external = bool(kinds & {"cross_attention", "mamba"})
@@ -160,6 +180,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
                 delay_cache=ext > 0 and rng.random() < 0.4,
                 full_sequence_must_fit=rng.random() < 0.1,
                 reserved_blocks=rng.choice((0,) * 9 + (1,)),
+                max_hit=knobs.random() if knobs.random() < P_MAX_HIT else None,
             ))
             # As a scheduler step would: often the model's tokens come right
             # back, or the KV load finishes.

@@ -18,7 +18,7 @@ from harness.fuzz.actions import Action, Evict, New, Sample, Schedule
 Predicate = Callable[[CacheConfig, list[Action]], bool]
 
 _SIMPLE_SCHEDULE = dict(lookahead=0, external=0, delay_cache=False,
-                        full_sequence_must_fit=False, reserved_blocks=0)
+                        full_sequence_must_fit=False, reserved_blocks=0, max_hit=None)
 
 
 def shrink(config: CacheConfig, actions: list[Action], fails: Predicate,
@@ -115,6 +115,8 @@ def _smaller_configs(c: CacheConfig) -> list[CacheConfig]:
                 out.append(smaller)
     if c.hash_algo != "sha256":
         out.append(replace(c, hash_algo="sha256"))
+    if c.num_hash_lookahead_tokens:
+        out.append(replace(c, num_hash_lookahead_tokens=0))
     return out
 
 

@@ -28,9 +28,10 @@ HitResult = tuple[tuple[BlockTable, ...], int]
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,
                            dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
-    """(dcp, pcp) ranks a block of this spec is spread over. 0.32 spreads only
-    caches sharded across DCP ranks (attention KV; Mamba state is replicated)."""
-    if profile.context_parallel_block_size is ContextParallelBlockSize.DCP_TIMES_PCP:
+    """(dcp, pcp) ranks a block of this spec is spread over. From 0.31 only
+    caches sharded across DCP ranks are spread (attention KV; Mamba state is
+    replicated)."""
+    if profile.context_parallel_block_size is not ContextParallelBlockSize.DCP_IF_SHARDED:
         return dcp_world_size, pcp_world_size
     if spec.dcp_sharded:
         return dcp_world_size, pcp_world_size
@@ -214,7 +215,7 @@ class SingleTypeKVCacheManager:
             return
         request_id = request.request_id
         done = self.num_cached_block.get(request_id, 0)
-        full = num_tokens // self.block_size
+        full = self._num_hashed_blocks(request, num_tokens)
         if done >= full:
             return
         self.block_pool.cache_full_blocks(
@@ -222,6 +223,15 @@ class SingleTypeKVCacheManager:
             self.kv_cache_group_id, self.reachable_block_mask(done, full),
         )
         self.num_cached_block[request_id] = full
+
+    def _num_hashed_blocks(self, request: Request, num_tokens: int) -> int:
+        """Full blocks in the first `num_tokens` tokens that can be keyed: with
+        lookahead hashing, only those whose hash exists yet."""
+        if self.block_pool.num_hash_lookahead_tokens:
+            hashed = len(request.block_hashes) * self.block_pool.hash_block_size
+            if hashed < num_tokens:
+                num_tokens = hashed
+        return num_tokens // self.block_size
 
     def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
         """Which of blocks [start, end) some later hit could use; None: all."""
@@ -268,7 +278,7 @@ class SingleTypeKVCacheManager:
             freed.append(block)
             table[index] = null
         if freed:
-            self.block_pool.free_blocks(freed)
+            self.block_pool.free_blocks(freed, skipped=True)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no later token attends to."""

@@ -81,7 +81,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         # The shared method, inlined: each decode step of each request ends here.
         request_id = request.request_id
         done = self.num_cached_block.get(request_id, 0)
-        full = num_tokens // self.block_size
+        full = (num_tokens // self.block_size if not self.block_pool.num_hash_lookahead_tokens
+                else self._num_hashed_blocks(request, num_tokens))
         if done < full:
             self.block_pool.cache_full_blocks(
                 request, self.req_to_blocks[request_id], done, full, self.block_size,
@@ -95,8 +96,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """Once computed, make the prompt's last hash boundary findable when it
         falls inside a block: a resend of the prompt can then hit up to it."""
         unit = self.block_pool.hash_block_size
-        # At most num_prompt - 1 tokens of a resend can hit.
-        boundary = (request.num_prompt_tokens - 1) // unit * unit
+        # 0.32+: at most num_prompt - 1 tokens of a resend can hit.
+        boundary = self._profile.prompt_tail_boundary.position(request.num_prompt_tokens, unit)
+        if self.block_pool.num_hash_lookahead_tokens:
+            boundary = min(boundary, len(request.block_hashes) * unit)
         if not boundary or boundary > num_tokens or not boundary % self.block_size:
             return
         table = self.req_to_blocks[request.request_id]

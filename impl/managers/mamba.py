@@ -30,15 +30,17 @@ from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, MambaSpec
 from impl.managers.base import BlockTable, HitResult, SingleTypeKVCacheManager
 from impl.math_utils import cdiv
+from impl.profiles import MambaPartialTailRekey, PromptTailBoundary
 from impl.request import Request
 
 
-def mamba_prefill_checkpoint_position(num_tokens: int, hash_block_size: int) -> int:
+def mamba_prefill_checkpoint_position(num_tokens: int, hash_block_size: int,
+                                      rule: PromptTailBoundary
+                                      = PromptTailBoundary.BEFORE_LAST_TOKEN) -> int:
     """The prompt boundary whose state a resend of the prompt can start from:
-    the last token is always recomputed (its logits are wanted), and states
-    exist only on the hash grid."""
-    boundary = (num_tokens - 1) // hash_block_size * hash_block_size
-    return boundary if boundary > 0 else 0
+    states exist only on the hash grid, and (0.32+) the last token is always
+    recomputed (its logits are wanted)."""
+    return rule.position(num_tokens, hash_block_size)
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -50,6 +52,8 @@ class MambaManager(SingleTypeKVCacheManager):
         self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
         self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
         self._align = self.mamba_cache_mode == "align"
+        if self.enable_caching and not self._align and not self._profile.mamba_none_with_caching:
+            raise AssertionError("prefix caching of a Mamba group needs its 'align' cache mode")
         if self._align and self.num_speculative_blocks:
             raise NotImplementedError("speculative blocks with Mamba 'align' caching")
         # Keys given this step: their states are not written until its forward.
@@ -117,8 +121,10 @@ class MambaManager(SingleTypeKVCacheManager):
         if copying:
             short = max(short, 0) + 1
         if short > 0:
-            # Just the running state block, and the copy of a partial hit.
-            short = min(short, 2 if copying else 1)
+            # Just the running state block, and the copy of a partial hit
+            # (before 0.31 counted so whatever is missing).
+            most = 2 if copying else 1
+            short = min(short, most) if self._profile.mamba_blocks_capped else most
         reclaimed = sum(1 for b in new_computed_blocks if not b.ref_cnt and not b.is_null)
         return short + reclaimed
 
@@ -171,7 +177,7 @@ class MambaManager(SingleTypeKVCacheManager):
     # -- releasing ------------------------------------------------------------------
 
     def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
-        if not self._align:
+        if not (self._align and self._profile.mamba_skip_steps_over_nulls):
             return super()._remove_blocks_in_range(request_id, first, last)
         table = self.req_to_blocks.get(request_id, [])
         first = max(first, self._retired_upto.get(request_id, 0))
@@ -187,7 +193,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 freed.append(block)
                 table[index] = null
         if freed:
-            self.block_pool.free_blocks(freed)
+            self.block_pool.free_blocks(freed, skipped=True)
         self._retired_upto[request_id] = last
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
@@ -236,13 +242,22 @@ class MambaManager(SingleTypeKVCacheManager):
         unit = self.block_pool.hash_block_size
         if num_tokens <= 0 or num_tokens % unit:
             return None
-        if num_tokens != mamba_prefill_checkpoint_position(request.num_prompt_tokens, unit):
+        rule = self._profile.prompt_tail_boundary
+        if num_tokens != mamba_prefill_checkpoint_position(request.num_prompt_tokens, unit, rule):
             return None
+        if rule is PromptTailBoundary.PROMPT_END and (
+                self.block_size == unit or not num_tokens % self.block_size):
+            return None  # before 0.32 only a boundary inside a block is registered
         index = cdiv(num_tokens, self.block_size) - 1
         table = self.req_to_blocks[request.request_id]
         if index >= len(table) or table[index].is_null:
             return None
         source = table[index]
+        if (source.block_hash_num_tokens == num_tokens
+                and self._profile.mamba_partial_tail_rekey is MambaPartialTailRekey.UNLESS_KEYED):
+            # Keyed at this boundary already (by a hit or an earlier step):
+            # keying it again would defer every sibling hitting it a step.
+            return None
         key = self.block_pool.cache_partial_block(
             request, source, num_tokens, self.kv_cache_group_id, self.block_size)
         if key is not None and num_tokens % self.block_size:

@@ -12,6 +12,9 @@ from impl.managers.full_attention import FullAttentionManager
 class SinkFullAttentionManager(FullAttentionManager):
     def __init__(self, kv_cache_spec: SinkFullAttentionSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
+        if not self._profile.sink_groups_buildable:
+            # 0.23-0.25 build every manager with an argument this one lacks.
+            raise TypeError("this release cannot build a sink-attention group")
         sink = kv_cache_spec.sink_len
         if not sink or sink < 0 or sink % self.block_size:
             raise AssertionError(f"{sink} sink tokens do not fill whole "

@@ -13,6 +13,7 @@ from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
 from impl.managers.base import HitResult, SingleTypeKVCacheManager
 from impl.math_utils import cdiv
+from impl.profiles import SlidingWindowSparseCaching
 
 
 def blocks_before_hit_end(window: int, block_size: int) -> int:
@@ -72,19 +73,29 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return groups, (start + len(run)) * size
 
     def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """0.32 keys only the blocks ending each aligned segment that a hit at
-        the segment's end needs; the ones before them can never be hit."""
-        if not self._profile.sliding_window_sparse_caching:
+        """Only the blocks ending each aligned segment that a hit at the
+        segment's end needs (profile.sliding_window_sparse_caching); the ones
+        before them can never be hit."""
+        sparse = self._profile.sliding_window_sparse_caching
+        if sparse is SlidingWindowSparseCaching.NONE:
             return None
         alignment = self.cache_hit_alignment_tokens
         size = self.kv_cache_spec.block_size * self.dcp_world_size
         if alignment % size:
             return None
+        if sparse is SlidingWindowSparseCaching.HYBRID_ONLY and alignment <= size:
+            return None  # 0.22 masks only hybrids hit on coarser boundaries
         need = blocks_before_hit_end(self.sliding_window, size)
         per_segment = alignment // size
         if need >= per_segment:
             return None
         return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+
+    def free(self, request_id: str) -> None:
+        table = self.pop_blocks_for_free(request_id)
+        if table:
+            # Freed as blocks leaving the window are (free_order).
+            self.block_pool.free_blocks(reversed(table), skipped=True)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """With window 4 and 7 tokens computed, the next token (7) reads 4..7,

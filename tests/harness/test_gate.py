@@ -1,11 +1,13 @@
 """The gate: exit codes, JUnit, summary; parallel results equal serial ones."""
 
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from harness.exit_codes import ExitCode
 from harness.gate import run_gate
 
 pytestmark = pytest.mark.vllm
@@ -75,4 +77,72 @@ def test_a_vllm_without_a_profile_is_one_line_before_any_case(tmp_path, capsys, 
     out, err = capsys.readouterr()
     assert out == ""  # pytest never started
     assert err.strip().splitlines() == [
-        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17, 0.32)"]
+        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17-0.33)"]
+
+
+ENGINE_TRACE = SCENARIOS.parent / "golden" / "v0.32" / "engine-multi-turn-chat.jsonl"
+
+
+def _attention_gate(tmp_path, capsys):
+    junit = tmp_path / "junit.xml"
+    code = run_gate([str(ENGINE_TRACE)], 0, 0, str(tmp_path / "f"), str(junit), None, "1",
+                    workloads=False)
+    out = capsys.readouterr().out
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    return code, out, cases
+
+
+def test_a_trace_with_a_model_header_is_also_an_attention_case(tmp_path, capsys):
+    code, out, cases = _attention_gate(tmp_path, capsys)
+    assert code == 0, out
+    assert set(cases) == {"engine-multi-turn-chat.jsonl",
+                          "engine-multi-turn-chat.jsonl[attention]"}
+    row = next(r for r in out.splitlines() if " attention " in r)
+    assert row.split()[-1] == "conformant" and int(row.split()[-3]) > 0  # query tokens
+
+
+def test_a_swapped_block_table_fails_the_attention_case(tmp_path, capsys, monkeypatch):
+    # Negative control (issue 14): impl's block table swaps each row's first
+    # two entries; the block-level answers are untouched.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kvconform_test_mutants", Path(__file__).parent / "attention" / "mutants.py")
+    mutants = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mutants)
+    spec.loader.exec_module(mutants)
+    mutants.MUTANTS["block-table-swap"].apply(monkeypatch, tmp_path)
+    code, out, cases = _attention_gate(tmp_path, capsys)
+    assert code == 1, out
+    failure = cases["engine-multi-turn-chat.jsonl[attention]"].find("failure")
+    assert failure is not None and "block table" in failure.get("message")
+    assert "attention " in failure.text  # the summary lines
+    assert cases["engine-multi-turn-chat.jsonl"].find("failure") is None
+
+
+def test_an_unknown_assumed_profile_is_one_line_exit_2(capsys):
+    from harness.cli import main
+
+    assert main(["--assume-profile", "0.9", "gate", str(SCENARIOS)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kvconform: --assume-profile: vLLM 0.9 has no profile (supported: 0.17-0.33)"
+
+
+def _raised_in(filename: str) -> Exception:
+    try:
+        exec(compile("raise AttributeError('no such op')", filename, "exec"))
+    except AttributeError as e:
+        return e
+
+
+def test_an_exception_escaping_a_case_is_one_line_never_a_traceback():
+    from harness.cases import crashed_case
+
+    inside = crashed_case("t", "trace", _raised_in("/o/vllm/_custom_ops.py"))
+    adapter = crashed_case("t", "trace", _raised_in("/r/harness/backends/vllm_cpu_attention.py"))
+    ours = crashed_case("t", "trace", _raised_in("/r/harness/replay.py"))
+    assert inside.exit_code == adapter.exit_code == ExitCode.ENVIRONMENT
+    assert ours.exit_code == ExitCode.BAD_INPUT
+    assert inside.report == ("t: vLLM cannot run this case: AttributeError: no such op "
+                             "(at _custom_ops.py:1)")
+    assert "\n" not in ours.report

@@ -15,7 +15,12 @@ def test_collects_every_bundled_trace():
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
-    assert len(collected) == len(traces) >= 14
+    # Each trace once, and again as an attention case when it has a model header.
+    with_model = [p for p in traces if '"model"' in p.read_text(errors="replace")[:4096]]
+    assert len([c for c in collected if not c.endswith("[attention]")]) == len(traces) >= 14
+    assert sorted(c.split("::")[0] for c in collected if c.endswith("[attention]")) == sorted(
+        str(p.relative_to(ROOT)) for p in with_model)
+    assert len(with_model) >= 3
 
 
 def test_a_failing_trace_fails_with_the_report(tmp_path):

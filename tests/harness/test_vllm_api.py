@@ -31,16 +31,20 @@ def test_every_followed_release_has_a_shape_and_others_are_refused():
     assert api_for("0.32.0+cpu") is api_for("0.32.0")
 
 
-@pytest.mark.parametrize("release,profile", [("0.17.1", "0.17"), ("0.32.0", "0.32")])
-def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release, profile):
-    api, p = api_for(release), get_profile(profile)
+@pytest.mark.parametrize("release", RELEASES)
+def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
+    api, p = api_for(release), get_profile(release)
     assert api.get_computed_blocks_arity == p.get_computed_blocks_arity
     assert api.manager_takes_scheduler_block_size == p.manager_takes_scheduler_block_size
     assert api.sink_manager_rejects_zeroing_arg == p.sink_manager_rejects_zeroing_arg
-    assert api.block_sizes_rule == api.hybrid_block_sizes_rule == p.block_sizes_rule
+    assert api.block_sizes_rule == p.block_sizes_rule
     assert api.has_record_prefix_cache_stats == (
         p.stats_recorded_at is StatsRecordedAt.ADMISSION)
-    assert bool(api.admission_args) == p.has_admission_controls
+    assert api.admission_args == p.admission_controls.args
+    assert api.manager_takes_watermark == ("has_scheduled_reqs" in p.admission_controls.args)
+    assert api.takes_hash_lookahead_tokens == p.hash_lookahead_tokens
+    assert api.lookup_takes_max_cache_hit_length == p.max_cache_hit_length
+    assert p.covers(release)
 
 
 def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
@@ -60,6 +64,7 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
     core = root / "vllm" / "v1" / "core"
     manager = _functions(core / "kv_cache_manager.py", "KVCacheManager")
     init, alloc = _params(manager["__init__"]), _params(manager["allocate_slots"])
+    lookup = _params(manager["get_computed_blocks"])
     returns = manager["get_computed_blocks"].returns
     arity = len(returns.slice.elts) if isinstance(returns, ast.Subscript) else None
     request = _params(_functions(root / "vllm" / "v1" / "request.py", "Request")["__init__"])
@@ -81,6 +86,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "request_takes_session_id": "session_id" in request,
         "sink_manager_rejects_zeroing_arg": coordinator_passes_zeroing
         and "needs_kv_cache_zeroing" not in sink,
+        "takes_hash_lookahead_tokens": "num_hash_lookahead_tokens" in init,
+        "lookup_takes_max_cache_hit_length": "max_cache_hit_length" in lookup,
         "sizing_module": api.sizing_module if sizing.exists()
         and "\ndef get_kv_cache_groups(" in sizing.read_text() else None,
     }

@@ -24,7 +24,7 @@ def test_version_without_profile_is_an_environment_problem(monkeypatch):
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", "0.9.2")
-    with pytest.raises(EnvironmentProblem, match=r"0.9.2 has no profile \(supported: 0.17, 0.32\)"):
+    with pytest.raises(EnvironmentProblem, match=r"0.9.2 has no profile \(supported: 0.17-0.33\)"):
         VllmBackend(CacheConfig(num_blocks=4))
 
 

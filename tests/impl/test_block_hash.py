@@ -90,7 +90,10 @@ def test_extra_keys_tagged_and_untagged():
     # Block [0, 4): lora, the image starting at 2, the salt (first block only).
     assert block_extra_keys(req, 0, 4, tagged=True) == (
         ("lora", "adapter", "/loras/a"), ("mm", "img0", 2), ("cache_salt", "salt"))
-    assert block_extra_keys(req, 0, 4, tagged=False) == ("adapter", "img0", "salt")
+    # Untagged (0.19-0.30): the item with its offset; 0.17-0.18 the bare identifier.
+    assert block_extra_keys(req, 0, 4, tagged=False) == ("adapter", ("img0", 2), "salt")
+    assert block_extra_keys(req, 0, 4, tagged=False, mm_offset=False) == (
+        "adapter", "img0", "salt")
     # Block [4, 8): img0 ends at 5 and img1 starts at 5; offsets are relative.
     assert block_extra_keys(req, 4, 8, tagged=True) == (
         ("lora", "adapter", "/loras/a"), ("mm", "img0", -2), ("mm", "img1", 1))
@@ -99,6 +102,16 @@ def test_extra_keys_tagged_and_untagged():
         ("lora", "adapter", "/loras/a"), ("mm", "img1", -3))
     assert event_extra_keys(block_extra_keys(req, 4, 8, tagged=True)) == (
         "adapter", ("img0", -2), ("img1", 1))
+    # Untagged keys are published as they are hashed.
+    assert event_extra_keys(block_extra_keys(req, 4, 8, tagged=False), tagged=False) == (
+        "adapter", ("img0", -2), ("img1", 1))
+
+
+def test_an_item_ending_at_a_block_start_is_in_it_only_before_0_19():
+    # img0 fills tokens 2..3 and ends exactly where the block [4, 8) starts.
+    req = Request("r", list(range(8)), 8, mm_features=(MMFeature("img0", 2, 2),))
+    assert block_extra_keys(req, 4, 8, tagged=False, mm_offset=False) == ("img0",)
+    assert block_extra_keys(req, 4, 8, tagged=False) is None
 
 
 def test_no_extra_keys_is_none():

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.backends.vllm_backend import vllm_sizing
 from impl.kv_cache_sizing import (
     KVCacheTensor,
     UniformTypeKVCacheSpecs,
@@ -320,12 +321,12 @@ def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
         assert page_size_bytes(s) == vllm_specs[name].page_size_bytes, name
         assert layer_view_shape_bytes(s, 1000) == (
             compute_layer_kv_cache_shape_bytes(vllm_specs[name], 1000)), name
-    vllm_groups = ku.get_kv_cache_groups(config, dict(vllm_specs))
+    vllm_groups = vllm_sizing().get_kv_cache_groups(config, dict(vllm_specs))
     groups = get_kv_cache_groups(specs)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
              page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
     for memory in (40 * GiB, 25_938_100_224, 3 * GiB + 12345):
-        vllm_plan = ku.get_kv_cache_config_from_groups(config, vllm_groups, memory)
+        vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, memory)
         plan = get_kv_cache_config_from_groups(groups, memory, layout=layout)
         assert plan.num_blocks == vllm_plan.num_blocks
         assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
@@ -351,24 +352,24 @@ def test_packed_groups_of_block_outermost_layouts_are_left_out():
 
 @pytest.mark.vllm
 def test_qwen2_worked_figure_is_vllms():
-    from vllm.v1.core import kv_cache_utils as ku
 
     config = _vllm_config()
     specs = {n: _vllm_spec(s) for n, s in qwen2_0_5b().items()}
-    groups = ku.get_kv_cache_groups(config, specs)
-    assert ku.get_kv_cache_config_from_groups(config, groups, 25_938_100_224).num_blocks == 131_928
+    groups = vllm_sizing().get_kv_cache_groups(config, specs)
+    plan = vllm_sizing().get_kv_cache_config_from_groups(config, groups, 25_938_100_224)
+    assert plan.num_blocks == 131_928
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("layout", ["BLHNC", "BLNHC", "LHBNC", "BHLNC"])
 def test_other_layouts_agree_with_vllm(layout):
-    from vllm.v1.core import kv_cache_utils as ku
 
     for specs in (qwen2_0_5b(), llama3(32, 2), deepseek_v3(), gemma3_27b()):
         config = _vllm_config(layout)
-        vllm_groups = ku.get_kv_cache_groups(config, {n: _vllm_spec(s) for n, s in specs.items()})
+        vllm_specs = {n: _vllm_spec(s) for n, s in specs.items()}
+        vllm_groups = vllm_sizing().get_kv_cache_groups(config, vllm_specs)
         groups = get_kv_cache_groups(specs, layout=layout)
-        vllm_plan = ku.get_kv_cache_config_from_groups(config, vllm_groups, 7 * GiB)
+        vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, 7 * GiB)
         plan = get_kv_cache_config_from_groups(groups, 7 * GiB, layout=layout)
         assert plan.num_blocks == vllm_plan.num_blocks
         assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
@@ -408,7 +409,6 @@ def test_block_sizes_agree_with_vllm(case):
 @pytest.mark.parametrize("model", ["qwen2-0.5b", "llama-3-70b-tp4", "gemma-3-27b", "jamba-like",
                                    "jamba-like-aligned", "deepseek-v3", "mixed-heads"])
 def test_shared_by_plan_agrees_with_vllm_0_17(model):
-    from vllm.v1.core import kv_cache_utils as ku
 
     specs = MODELS[model]()
     config = _vllm_config()
@@ -417,15 +417,15 @@ def test_shared_by_plan_agrees_with_vllm_0_17(model):
         # 0.17 pads no page when unifying: pages that do not divide are refused
         # (its model config pads the Mamba page beforehand).
         with pytest.raises(NotImplementedError):
-            ku.get_kv_cache_groups(config, vllm_specs)
+            vllm_sizing().get_kv_cache_groups(config, vllm_specs)
         with pytest.raises(NotImplementedError):
             get_kv_cache_groups(specs, pad_pages=False)
         return
-    vllm_groups = ku.get_kv_cache_groups(config, vllm_specs)
+    vllm_groups = vllm_sizing().get_kv_cache_groups(config, vllm_specs)
     groups = get_kv_cache_groups(specs, pad_pages=False)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
              page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
-    vllm_plan = ku.get_kv_cache_config_from_groups(config, vllm_groups, 40 * GiB)
+    vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, 40 * GiB)
     plan = get_kv_cache_config_from_groups(groups, 40 * GiB, KVCacheTensorPlan.SHARED_BY)
     assert plan.num_blocks == vllm_plan.num_blocks
     assert [(t.size, t.layers) for t in plan.kv_cache_tensors] == [

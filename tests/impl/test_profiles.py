@@ -1,6 +1,16 @@
+from dataclasses import fields
+
 import pytest
 
-from impl.profiles import PROFILES, FreeOrder, UnsupportedVersion, get_profile, profile_key
+from harness.vllm_releases import RELEASES
+from impl.profiles import (
+    PROFILES,
+    FreeOrder,
+    UnsupportedVersion,
+    get_profile,
+    profile_key,
+    supported_versions,
+)
 
 
 @pytest.mark.parametrize("version,key", [
@@ -13,7 +23,7 @@ def test_versions_map_to_their_minor_profile(version, key):
 
 def test_unknown_version_lists_the_supported_ones():
     with pytest.raises(UnsupportedVersion,
-                       match=r"vLLM 0.9.2 has no profile \(supported: 0.17, 0.32\)"):
+                       match=r"vLLM 0.9.2 has no profile \(supported: 0.17-0.33\)"):
         get_profile("0.9.2")
     with pytest.raises(UnsupportedVersion, match="not a vLLM version"):
         get_profile("latest")
@@ -25,3 +35,38 @@ def test_profiles_differ_where_vllm_differs():
     assert new.free_order is FreeOrder.UNHASHED_FIRST
     assert (old.tagged_extra_keys, new.tagged_extra_keys) == (False, True)
     assert (old.get_computed_blocks_arity, new.get_computed_blocks_arity) == (2, 3)
+
+
+def test_every_followed_release_has_exactly_one_profile_that_was_checked_on_it():
+    seen = {}
+    for profile in PROFILES.values():
+        for release in profile.checked_against:
+            assert release in RELEASES, f"{profile.name}: {release} is not followed"
+            assert release not in seen
+            seen[release] = profile.name
+    assert sorted(seen) == sorted(RELEASES)
+    for release in RELEASES:
+        assert get_profile(release).name == seen[release]
+        # Any patch release of the minor uses it too.
+        assert get_profile(profile_key(release) + ".9").name == seen[release]
+    assert get_profile("0.25.1").name == "0.24" and PROFILES["0.24"].releases == "0.24.0-0.25.1"
+    assert supported_versions() == "0.17-0.33"
+
+
+def _differences(a, b) -> set[str]:
+    skip = {"name", "checked_against"}
+    return {f.name for f in fields(a) if f.name not in skip
+            and getattr(a, f.name) != getattr(b, f.name)}
+
+
+def test_consecutive_profiles_differ_else_they_would_be_one():
+    ordered = list(PROFILES.values())
+    for older, newer in zip(ordered, ordered[1:]):
+        assert _differences(older, newer), f"{older.name} and {newer.name} are the same profile"
+
+
+def test_the_033_profile_is_032_plus_its_changes():
+    # (EAGLE's rule, eagle_drop_groups, is the eagle helper's field.)
+    assert _differences(PROFILES["0.32"], PROFILES["0.33"]) >= {
+        "mamba_partial_tail_rekey", "mamba_none_with_caching", "null_block_refcount",
+        "hash_lookahead_tokens", "max_cache_hit_length", "kv_event_fields"}
