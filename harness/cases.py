@@ -268,10 +268,11 @@ def run_attention(path: str) -> Case:
 
 
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
-             out_dir: str, fuzz_config: FuzzConfig | None = None) -> Case:
+             out_dir: str, fuzz_config: FuzzConfig | None = None, min_cases: int = 0) -> Case:
     from harness.fuzz.campaign import fuzz
 
-    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config))
+    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config,
+                                min_cases=min_cases))
 
 
 def fuzz_case(name: str, r) -> Case:

@@ -203,10 +203,12 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.cases import run_fuzz
+        from harness.fuzz.campaign import MIN_CASES
         from harness.fuzz.slices import load_kind_config
 
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
-                        self.config.option.kvconform_fuzz_out, load_kind_config(self.kind))
+                        self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
+                        min_cases=MIN_CASES)
 
     def reportinfo(self):
         return "fuzz", None, self.name

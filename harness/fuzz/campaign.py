@@ -168,11 +168,14 @@ def fuzz(
     max_cases: int | None = None,
     first_case: int = 0,
     started: bool = False,
+    min_cases: int = 0,
 ) -> CampaignResult:
     """Draw cases first_case, first_case + 1, ... until `seconds` have passed,
     `max_cases` cases ran (tests bound a campaign by cases: the same work on a
     loaded machine), or a case fails. The clock starts after start_up (unless
-    `started`: the caller ran it)."""
+    `started`: the caller ran it). `min_cases`: a floor the time budget does
+    not cut short (the gate's slices: a campaign of a few cases means nothing,
+    so on a slow machine the slice takes longer instead)."""
     fc = fuzz_config or FuzzConfig()
     result = CampaignResult(seed=seed)
     if not started:
@@ -180,7 +183,7 @@ def fuzz(
     try:
         t0 = time.perf_counter()
         with inject(fault):
-            while time.perf_counter() - t0 < seconds:
+            while time.perf_counter() - t0 < seconds or result.cases < min_cases:
                 if max_cases is not None and result.cases >= max_cases:
                     result.stopped_at_max_cases = True
                     break
