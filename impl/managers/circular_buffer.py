@@ -38,8 +38,8 @@ class CircularBufferManager(SingleTypeKVCacheManager):
     def add_local_computed_blocks(self, *_ignored, **_also) -> None:
         """A hit in other groups brings nothing to the ring."""
 
-    def cache_blocks(self, *_ignored, **_also) -> None:
-        """Never keyed."""
+    def cache_blocks(self, *_ignored, replay_boundaries=(), **_also) -> None:
+        """Never keyed (whatever a replay would need: the ring is not kept)."""
 
     def remove_skipped_blocks(self, *_ignored, **_also) -> None:
         """The ring is read until the request ends."""
