@@ -33,6 +33,20 @@ TEMPLATES = (
 )
 
 
+# The profile flags (impl/profiles.py) a template's groups need.
+TEMPLATE_NEEDS = {
+    "circular_buffer": ("circular_buffer_groups",),
+    "rswa": ("rswa_groups",),
+    "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
+}
+
+
+def templates_for(profile) -> tuple[str, ...]:
+    """The templates whose groups the release of `profile` has."""
+    return tuple(t for t in TEMPLATES
+                 if all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(t, ())))
+
+
 def _window(rng: random.Random, bs: int) -> int:
     return max(1, rng.choice((1, 2, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 1, 5 * bs)))
 
