@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
-    CircularBufferSpec,
     MambaSpec,
     MLAAttentionSpec,
     RSWASpec,

@@ -5,8 +5,6 @@ managers vLLM built), and the trace replays conformant on impl and vLLM."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from harness.capture.errors import CaptureGap
