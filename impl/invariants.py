@@ -298,6 +298,9 @@ class InvariantChecker:
         before = {}  # block id -> requests holding it at the last check
         sources = self._diff_pairs(suspects, before)
         self._diff_tables(suspects, sources, before)
+        for block_id in suspects:
+            # A table whose block was touched, even in place (keyed, say).
+            self._reshaped.update(self._where.get(block_id, ()))
         for g, request_id in self._reshaped:
             if request_id in self._groups[g].req_to_blocks:
                 _check_table_shape(self._groups[g], request_id)

@@ -758,6 +758,12 @@ def layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: 
     shape = (num_layers, *layer_view_shape_bytes(spec, num_blocks))
     padded = getattr(spec, "page_size_padded", None)
     page_grid_end = max(order.index(_L), order.index(_B)) + 1
+    if padded is not None and prod(shape[d] for d in order[:page_grid_end]) != (
+            num_layers * num_blocks):
+        # Padding goes after each (layer, block) page: no other axis may sit
+        # outside it unless it has a single entry.
+        raise AssertionError(f"the {layout} layout puts more than layers and blocks outside "
+                             f"a padded page (logical shape {shape})")
     fixed = (None, block_stride, None, None, None)
     strides = [0] * 5
     current = 1
