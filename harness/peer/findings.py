@@ -34,10 +34,6 @@ FINDINGS: dict[str, Finding] = {
     "test_free_kv_cache_block_queue_append_n": Finding(
         _FAIL, "divergence: append_n onto a queue whose tail link was cut raises "
                "AttributeError in impl; vLLM raises an AssertionError naming the broken link"),
-    "test_merge_kv_cache_spec": Finding(
-        _FAIL, "divergence: merging specs that cannot share a group raises MergeError (a "
-               "ValueError) in impl for every mismatch; vLLM raises AssertionError for "
-               "mismatched specs and ValueError only for mismatched windows"),
     "test_resolve_block_hashes_rejects_mismatched_view": Finding(
         _FAIL, "divergence: resolve_block_hashes returns a view built at another block "
                "size unchanged; vLLM refuses it (AssertionError)"),
