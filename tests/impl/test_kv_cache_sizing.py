@@ -322,6 +322,7 @@ def _as_impl_groups(vllm_groups):
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
 def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
+    # Capacity stays in kv_cache_utils in 0.33 too; planning moved (vllm_sizing).
     from vllm.v1.core import kv_cache_utils as ku
     from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
 
@@ -398,6 +399,7 @@ def test_other_layouts_agree_with_vllm(layout):
     ([full(16), ChunkedLocalAttentionSpec(16, attention_chunk_size=64), full(48)], {}),
 ])
 def test_block_sizes_agree_with_vllm(case):
+    # Block sizes stay in kv_cache_utils in 0.33 too.
     from vllm.v1.core import kv_cache_utils as ku
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
