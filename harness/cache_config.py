@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from impl.profiles import BlockSizesRule, VersionProfile
@@ -27,12 +30,25 @@ KINDS = (
     "chunked_local_attention",
     "mamba",
     "cross_attention",
+    # Sparse MLA models (DeepSeek V4): a window over MLA latents.
+    "sliding_window_mla",
+    # Named after their specs: events call them full_attention and unknown.
+    "rswa",
+    "circular_buffer",
 )
 # The field each kind requires besides block_size.
 KIND_FIELDS = {
     "sliding_window": "sliding_window",
+    "sliding_window_mla": "sliding_window",
     "chunked_local_attention": "attention_chunk_size",
     "sink_full_attention": "sink_len",
+    "rswa": "rswa_window",
+}
+# The profile flag a release must have for a kind (impl/profiles.py).
+KIND_SINCE = {
+    "sliding_window_mla": "sparse_mla_groups",
+    "rswa": "rswa_groups",
+    "circular_buffer": "circular_buffer_groups",
 }
 
 
@@ -47,6 +63,10 @@ class GroupConfig:
     sink_len: int | None = None
     # "none" or "align"; None: as vLLM picks it ("align" with prefix caching).
     mamba_cache_mode: str | None = None
+    rswa_window: int | None = None
+    # mla_attention: "sparse" (the attention's own cache) or "indexer" (a
+    # sparse-attention indexer's keys: a group apart, managed the same).
+    cache_role: str = "sparse"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -59,6 +79,19 @@ class GroupConfig:
                 raise ValueError(f"{name} does not apply to a {self.kind} group")
         if self.mamba_cache_mode is not None and self.kind != "mamba":
             raise ValueError(f"mamba_cache_mode does not apply to a {self.kind} group")
+        if self.cache_role != "sparse" and self.kind != "mla_attention":
+            raise ValueError(f"cache_role does not apply to a {self.kind} group")
+        if self.cache_role not in ("sparse", "indexer"):
+            raise ValueError(f"cache_role '{self.cache_role}' is not sparse or indexer")
+
+    def refused_by(self, profile: VersionProfile) -> str | None:
+        """Why the release of `profile` has no such group (None: it has)."""
+        flag = KIND_SINCE.get(self.kind)
+        if flag is not None and not getattr(profile, flag):
+            return f"vLLM {profile.name} has no {self.kind} groups"
+        if self.cache_role != "sparse" and not profile.sparse_mla_groups:
+            return f"vLLM {profile.name} has no MLA cache roles (cache_role={self.cache_role})"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +138,13 @@ class CacheConfig:
         if g.kind == "full_attention":
             return FullAttentionSpec(bs)
         if g.kind == "mla_attention":
-            return MLAAttentionSpec(bs)
+            return MLAAttentionSpec(bs, cache_role=g.cache_role)
+        if g.kind == "sliding_window_mla":
+            return SlidingWindowMLASpec(bs, sliding_window=g.sliding_window)
+        if g.kind == "rswa":
+            return RSWASpec(bs, rswa_window=g.rswa_window)
+        if g.kind == "circular_buffer":
+            return CircularBufferSpec(bs)
         if g.kind == "sink_full_attention":
             return SinkFullAttentionSpec(bs, sink_len=g.sink_len)
         if g.kind == "sliding_window":

@@ -126,6 +126,12 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if (code := check_vllm()) is not None:
         return code
     profile = installed_vllm_profile()
+    from harness.fuzz.configs import templates_for
+
+    lacking = [k for k in fuzz_config.kinds if k not in templates_for(profile)]
+    if lacking:
+        return fail(f"{args.config}: kinds: vLLM {profile.name} has no {', '.join(lacking)} "
+                    "groups")
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops, fuzz_config,
                   args.inject_fault, progress_reporter(), args.max_cases)
     if sys.stderr.isatty():

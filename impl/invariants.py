@@ -15,6 +15,7 @@ from itertools import compress
 from operator import is_not
 
 from impl.block import KVCacheBlock
+from impl.invariants_kinds import table_rule
 from impl.kv_cache_manager import KVCacheManager
 
 
@@ -54,6 +55,17 @@ def check_invariants(manager: KVCacheManager) -> None:
         stray = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
         raise InvariantViolation(_count_message(stray, refs[stray], 0))
     _check_whole_key_map(manager)
+    for group in manager.coordinator.single_type_managers:
+        for request_id in group.req_to_blocks:
+            _check_table_shape(group, request_id)
+
+
+def _check_table_shape(group, request_id: str) -> None:
+    """The kind's own rule for a table's shape (impl/invariants_kinds.py)."""
+    rule = table_rule(group)
+    problem = rule and rule(group.req_to_blocks[request_id])
+    if problem:
+        raise InvariantViolation(f"group {group.kv_cache_group_id}, {request_id}: {problem}")
 
 
 def _walk_free_queue(pool) -> set[int]:
@@ -194,6 +206,8 @@ class InvariantChecker:
         self._groups = manager.coordinator.single_type_managers
         self._touched: list[KVCacheBlock] = []
         self._cleared = False
+        # (group, request) of the tables that changed since the last check.
+        self._reshaped: set[tuple[int, str]] = set()
         # Per group: request -> copy of its table. Block id -> {(group,
         # request): index in that table}.
         self._tables: list[dict[str, list[KVCacheBlock]]] = [{} for _ in self._groups]
@@ -284,6 +298,13 @@ class InvariantChecker:
         before = {}  # block id -> requests holding it at the last check
         sources = self._diff_pairs(suspects, before)
         self._diff_tables(suspects, sources, before)
+        for block_id in suspects:
+            # A table whose block was touched, even in place (keyed, say).
+            self._reshaped.update(self._where.get(block_id, ()))
+        for g, request_id in self._reshaped:
+            if request_id in self._groups[g].req_to_blocks:
+                _check_table_shape(self._groups[g], request_id)
+        self._reshaped.clear()
         for block_id, block in suspects.items():
             self._check_block(block, before.get(block_id))
         if len(self._queued) != pool.free_block_queue.num_free_blocks:
@@ -351,6 +372,7 @@ class InvariantChecker:
                 self._replace((g, request_id), index, table[index], suspects, before)
 
     def _diff_whole(self, where, shadow: list, table: list, suspects: dict, before: dict) -> None:
+        self._reshaped.add(where)
         common = min(len(shadow), len(table))
         for index in compress(range(common), map(is_not, shadow[:common], table[:common])):
             self._replace(where, index, table[index], suspects, before)
@@ -365,6 +387,7 @@ class InvariantChecker:
                 self._move(block, None, (where, index), suspects, before)
 
     def _replace(self, where, index: int, new: KVCacheBlock, suspects: dict, before: dict) -> None:
+        self._reshaped.add(where)
         shadow = self._tables[where[0]][where[1]]
         old = shadow[index]
         shadow[index] = new

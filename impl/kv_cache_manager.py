@@ -77,7 +77,7 @@ class KVCacheManager:
         # requests then take the short path of allocate_slots.
         managers = coordinator.single_type_managers
         only = managers[0] if len(managers) == 1 else None
-        self._plain = (only if isinstance(only, FullAttentionManager)
+        self._plain = (only if isinstance(only, FullAttentionManager) and not only.skips_tokens
                        and only.block_size == self.hash_block_size else None)
         # Its running requests (num_cached_block), looked up on every call.
         self._plain_running = None if self._plain is None else self._plain.num_cached_block

@@ -158,6 +158,13 @@ class VersionProfile:
     # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
     # group cannot be built; the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
+    # Attention kinds the release has (0.17 none of them): R-SWA groups that
+    # give back the gap between prompt and window (0.25+); circular-buffer
+    # groups, one ring block a request (0.29+); sliding-window MLA and MLA
+    # cache roles of sparse attention (0.30+).
+    rswa_groups: bool = False
+    circular_buffer_groups: bool = False
+    sparse_mla_groups: bool = False
 
 
 PROFILES: dict[str, VersionProfile] = {
@@ -185,6 +192,9 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=False,
         sink_manager_rejects_zeroing_arg=False,
+        rswa_groups=False,
+        circular_buffer_groups=False,
+        sparse_mla_groups=False,
     ),
     "0.32": VersionProfile(
         name="0.32",
@@ -210,6 +220,9 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
         unify_pads_pages=True,
         sink_manager_rejects_zeroing_arg=True,
+        rswa_groups=True,
+        circular_buffer_groups=True,
+        sparse_mla_groups=True,
     ),
 }
 

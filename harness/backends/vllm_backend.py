@@ -92,7 +92,15 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
     if g.kind == "full_attention":
         return kvi.FullAttentionSpec(**attention)
     if g.kind == "mla_attention":
+        if g.cache_role != "sparse":
+            attention["cache_role"] = kvi.SparseCacheRole(g.cache_role)
         return kvi.MLAAttentionSpec(**attention)
+    if g.kind == "sliding_window_mla":
+        return kvi.SlidingWindowMLASpec(**attention, sliding_window=g.sliding_window)
+    if g.kind == "rswa":
+        return kvi.RSWASpec(**attention, rswa_window=g.rswa_window)
+    if g.kind == "circular_buffer":
+        return kvi.CircularBufferSpec(**attention)
     if g.kind == "sink_full_attention":
         return kvi.SinkFullAttentionSpec(**attention, sink_len=g.sink_len)
     if g.kind == "sliding_window":

@@ -21,11 +21,15 @@ _KINDS = {
                                   "attention_chunk_size"),
     "CrossAttentionSpec": ("cross_attention", "CrossAttentionManager", None),
     "MambaSpec": ("mamba", "MambaManager", None),
+    "SlidingWindowMLASpec": ("sliding_window_mla", "SlidingWindowManager", "sliding_window"),
+    "RSWASpec": ("rswa", "RSWAManager", "rswa_window"),
+    "CircularBufferSpec": ("circular_buffer", "CircularBufferManager", None),
 }
 # Spec fields a manager reads that a trace's group cannot state: the capture
 # is refused unless they hold their default.
 _MUST_BE_DEFAULT = ("extra_retained_tokens", "num_speculative_blocks",
-                    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment")
+                    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment",
+                    "bounded_replay")
 # Kinds whose admission cap depends on the tokens in flight.
 _RECYCLING = ("sliding_window", "chunked_local_attention")
 # Kinds whose cached blocks follow vLLM's prefix_cache_retention_interval.
@@ -71,6 +75,9 @@ def group_config_of(group, manager=None) -> GroupConfig:
     kwargs = {}
     if field is not None:
         kwargs[field] = getattr(spec, field)
+    cache_role = getattr(getattr(spec, "cache_role", None), "value", "sparse")
+    if kind == "mla_attention" and cache_role != "sparse":
+        kwargs["cache_role"] = cache_role
     if kind == "mamba":
         mode = getattr(spec, "mamba_cache_mode", None)
         if mode not in ("none", "align"):

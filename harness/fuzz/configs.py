@@ -27,7 +27,24 @@ TEMPLATES = (
     "hybrid_chunked_local",
     "hybrid_mamba",
     "hybrid_mixed",
+    "circular_buffer",
+    "rswa",
+    "sparse_mla",
 )
+
+
+# The profile flags (impl/profiles.py) a template's groups need.
+TEMPLATE_NEEDS = {
+    "circular_buffer": ("circular_buffer_groups",),
+    "rswa": ("rswa_groups",),
+    "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
+}
+
+
+def templates_for(profile) -> tuple[str, ...]:
+    """The templates whose groups the release of `profile` has."""
+    return tuple(t for t in TEMPLATES
+                 if all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(t, ())))
 
 
 def _window(rng: random.Random, bs: int) -> int:
@@ -85,7 +102,45 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
     if kind == "hybrid_mixed":
         sw = GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))
         return (full, sw, GroupConfig(bs, "mamba")), {}
+    if kind == "circular_buffer":
+        return _draw_circular_buffer(rng, bs, caching)
+    if kind == "rswa":
+        # Image + text prompts read whole, decoded tokens a window back.
+        rswa = GroupConfig(bs, "rswa", rswa_window=max(1, rng.choice((1, bs - 1, bs, 2 * bs + 1,
+                                                                      5 * bs))))
+        if rng.random() < 0.4:
+            return (rswa,), {}
+        return ((full, rswa) if rng.random() < 0.5 else (rswa, full)), {}
+    if kind == "sparse_mla":
+        # DeepSeek V4-like: the MLA cache, its indexer's keys (a group of its
+        # own role), a window over MLA latents, sometimes a K-pool tail ring.
+        mla = GroupConfig(bs, "mla_attention")
+        indexer = GroupConfig(bs, "mla_attention", cache_role="indexer")
+        sw_bs = rng.choice((bs, bs, 2 * bs))
+        window = GroupConfig(sw_bs, "sliding_window_mla", sliding_window=_window(rng, sw_bs))
+        groups = [mla, indexer, window]
+        if rng.random() < 0.3:
+            groups.append(GroupConfig(bs, "circular_buffer"))
+        return tuple(groups), {}
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
+
+
+def _draw_circular_buffer(rng: random.Random, bs: int, caching: bool
+                          ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A ring per request (the K-pool tail of compressed sparse attention)
+    next to full attention, at its own block size, sometimes with Mamba "align"
+    hashed finer than its blocks (GLM-5-like), sometimes alone."""
+    ring = GroupConfig(rng.choice((bs, bs, max(bs // 2, 1), 2 * bs)), "circular_buffer")
+    if rng.random() < 0.15:
+        return (ring,), {}
+    groups = [GroupConfig(bs), ring]
+    extra = {}
+    if caching and rng.random() < 0.4:
+        groups.insert(1, GroupConfig(bs, "mamba"))
+        finer = [d for d in (1, 2, 4, 8) if d < bs and bs % d == 0]
+        if finer and rng.random() < 0.6:
+            extra["prefix_match_unit"] = rng.choice(finer)
+    return tuple(groups), extra
 
 
 def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
@@ -99,7 +154,8 @@ def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
     fields = dict(num_blocks=num_blocks, groups=groups, hash_algo=hash_algo,
                   hash_seed=hash_seed, enable_caching=caching, max_model_len=max_model_len)
     fields.update(extra)
-    if any(g.kind in ("sliding_window", "chunked_local_attention") for g in groups) and (
+    if any(g.kind in ("sliding_window", "sliding_window_mla", "chunked_local_attention")
+           for g in groups) and (
         rng.random() < 0.3
     ):
         # A small in-flight budget makes the recycling kinds' admission cap bite.

@@ -22,9 +22,7 @@ PROFILE = get_profile("0.32")
 
 # -- specs --------------------------------------------------------------------------
 
-# Not checked: fields that only label a spec (mamba_type, model_version) and
-# max_tp_shards, which only vLLM's tensor-parallel replica
-# count reads (kv_cache_groups_tp_replicas, an API impl lacks: refused there).
+# Not checked: fields that only label a Mamba spec (mamba_type).
 
 
 def _defaults_only(spec, fields: dict[str, str]) -> None:
@@ -47,17 +45,43 @@ def _default_only(spec, name: str, feature: str) -> None:
 
 
 _ATTENTION_UNSUPPORTED = {
-    "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
-    "kv_quant_mode": F.KV_QUANT,
-    "num_head_slots": F.HEAD_SLOTS,
-    "state_content_bytes": F.HEAD_SLOTS,
-    "tokens_per_state": F.HEAD_SLOTS,
     "non_causal": F.NON_CAUSAL,
 }
 
 
 def _dtype_size(dtype) -> int:
     return dtype.itemsize
+
+
+def _stride_alignment(spec) -> int | None:
+    """vLLM's block_stride_alignment as bytes (impl has no kernel-block form)."""
+    value = spec.block_stride_alignment
+    if value is not None and not isinstance(value, int):
+        raise ImplLacks(F.BLOCK_STRIDE_ALIGNMENT, f"{type(spec).__name__}."
+                        f"block_stride_alignment={value!r} (in kernel blocks)")
+    return value
+
+
+def _attention_geometry(spec) -> dict:
+    """The page-shaping fields every attention spec has, as impl names them."""
+    return dict(
+        block_size=spec.block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
+        dtype_size=_dtype_size(spec.dtype),
+        page_size_padded=spec.page_size_padded,
+        block_stride_alignment=_stride_alignment(spec),
+        kv_quant_mode=int(spec.kv_quant_mode),
+        max_tp_shards=spec.max_tp_shards,
+        num_head_slots=spec.num_head_slots,
+        state_content_bytes=spec.state_content_bytes,
+        tokens_per_state=spec.tokens_per_state,
+    )
+
+
+def _mla_labels(spec) -> dict:
+    return dict(cache_dtype_str=spec.cache_dtype_str, alignment=spec.alignment,
+                model_version=spec.model_version)
 
 
 def to_impl_spec(spec):
@@ -69,14 +93,8 @@ def to_impl_spec(spec):
     name = type(spec).__name__
     if name in ("HiSparseHotSpec", "HiSparseResidentSpec"):
         raise ImplLacks(F.HISPARSE, name)
-    if name in ("CircularBufferSpec", "RSWASpec"):
-        raise ImplLacks(F.CIRCULAR_BUFFER, name)
-    if name == "HiddenStateCacheSpec":
-        raise ImplLacks(F.HIDDEN_STATE_CACHE, name)
     if name == "EncoderOnlyAttentionSpec":
         raise ImplLacks(F.ENCODER_ONLY, name)
-    if name == "SlidingWindowMLASpec":
-        raise ImplLacks(F.SPARSE_MLA, name)
     if isinstance(spec, v.UniformTypeKVCacheSpecs):
         return isizing.UniformTypeKVCacheSpecs(
             spec.block_size,
@@ -86,7 +104,6 @@ def to_impl_spec(spec):
         _defaults_only(spec, {
             "num_prefill_checkpoint_blocks": F.MAMBA_CHECKPOINTS,
             "prefill_checkpoint_alignment": F.MAMBA_CHECKPOINTS,
-            "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
             "num_heads": F.MAMBA_TP_REPLICATED,
             "tokens_per_state": F.MAMBA_TP_REPLICATED,
             "tp_replicated": F.MAMBA_TP_REPLICATED,
@@ -99,34 +116,40 @@ def to_impl_spec(spec):
             page_size_padded=spec.page_size_padded,
             mamba_cache_mode=spec.mamba_cache_mode,
             num_speculative_blocks=spec.num_speculative_blocks,
+            block_stride_alignment=_stride_alignment(spec),
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
     with Checks() as checks:
         checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
         checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
-    common = dict(
-        block_size=spec.block_size,
-        num_kv_heads=spec.num_kv_heads,
-        head_size=spec.head_size,
-        dtype_size=_dtype_size(spec.dtype),
-        page_size_padded=spec.page_size_padded,
-    )
+    common = _attention_geometry(spec)
     if isinstance(spec, v.MLAAttentionSpec):
-        # cache_dtype_str: the MLA cache format; vLLM never groups layers of
-        # different formats together, impl has no such field.
-        _defaults_only(spec, {"cache_role": F.SPARSE_MLA, "is_index_group_leader": F.SPARSE_MLA,
-                              "non_causal_multi_token_decode": F.SPARSE_MLA,
-                              "cache_dtype_str": F.MLA_CACHE_DTYPE})
+        checks_mla = {"non_causal_multi_token_decode": F.EAGLE}
+        _defaults_only(spec, checks_mla)
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
-        return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
-                                      attention_chunk_size=spec.attention_chunk_size)
+        cls = ispec.HiddenStateCacheSpec if isinstance(spec, v.HiddenStateCacheSpec) else (
+            ispec.MLAAttentionSpec)
+        return cls(**common, sliding_window=spec.sliding_window,
+                   attention_chunk_size=spec.attention_chunk_size, **_mla_labels(spec),
+                   cache_role=spec.cache_role.value,
+                   is_index_group_leader=spec.is_index_group_leader)
+    if isinstance(spec, v.SlidingWindowMLASpec):
+        _defaults_only(spec, {"bounded_replay": F.REPLAY_BOUNDARIES})
+        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
+        return ispec.SlidingWindowMLASpec(**common, sliding_window=spec.sliding_window,
+                                          extra_retained_tokens=spec.extra_retained_tokens,
+                                          **_mla_labels(spec))
     # impl writes "V head as wide as K" as None; vLLM fills the number in.
     common["head_size_v"] = None if spec.head_size_v == spec.head_size else spec.head_size_v
     if isinstance(spec, v.SinkFullAttentionSpec):
         return ispec.SinkFullAttentionSpec(**common, sliding_window=spec.sliding_window,
                                            attention_chunk_size=spec.attention_chunk_size,
                                            sink_len=spec.sink_len)
+    if isinstance(spec, v.RSWASpec):
+        return ispec.RSWASpec(**common, sliding_window=spec.sliding_window,
+                              attention_chunk_size=spec.attention_chunk_size,
+                              rswa_window=spec.rswa_window)
     if isinstance(spec, v.FullAttentionSpec):
         return ispec.FullAttentionSpec(**common, sliding_window=spec.sliding_window,
                                        attention_chunk_size=spec.attention_chunk_size)
@@ -138,6 +161,8 @@ def to_impl_spec(spec):
                                                attention_chunk_size=spec.attention_chunk_size)
     if isinstance(spec, v.CrossAttentionSpec):
         return ispec.CrossAttentionSpec(**common)
+    if isinstance(spec, v.CircularBufferSpec):
+        return ispec.CircularBufferSpec(**common)
     raise ImplLacks("KV cache spec kind", name)
 
 

@@ -52,8 +52,27 @@ def vllm_calls() -> dict[str, int]:
 def _counted_vllm(fn, qualname: str):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        _vllm_calls[qualname] = _vllm_calls.get(qualname, 0) + 1
+        if not _building[0]:
+            _vllm_calls[qualname] = _vllm_calls.get(qualname, 0) + 1
         return fn(*args, **kwargs)
+
+    wrapper.__kvconform_counted__ = True
+    return wrapper
+
+
+# > 0 while a vLLM KV object is being built: what its constructor calls
+# (e.g. MLAAttentionSpec padding its page) builds the test's own input.
+_building = [0]
+
+
+def _quiet_constructor(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _building[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _building[0] -= 1
 
     wrapper.__kvconform_counted__ = True
     return wrapper
@@ -64,6 +83,9 @@ def _wrap_vllm_class(cls: type) -> None:
     # own input, and equality/hash/repr answer nothing about the KV cache.
     if issubclass(cls, tuple) or getattr(cls, "__module__", "").startswith("enum"):
         return
+    post_init = vars(cls).get("__post_init__")
+    if post_init is not None and not getattr(post_init, "__kvconform_counted__", False):
+        cls.__post_init__ = _quiet_constructor(post_init)
     for name, attr in list(vars(cls).items()):
         if name.startswith("__"):
             continue

@@ -44,6 +44,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
         rebind.rebind_test_modules()
         rebind.install_import_hook()
+        for item in items:
+            callspec = getattr(item, "callspec", None)
+            if callspec is not None:
+                rebind.rebind_instances(callspec.params)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -106,6 +106,7 @@ def rebind_module(module: types.ModuleType) -> int:
     entries = table()
     n = 0
     for name, value in list(vars(module).items()):
+        rebind_instances(value)
         hit = entries.get(id(value))
         if hit is not None and hit[0] is value:
             setattr(module, name, hit[1])
@@ -115,6 +116,33 @@ def rebind_module(module: types.ModuleType) -> int:
             n += 1
     module.__kvconform_rebound__ = True
     return n
+
+
+def _spec_classes() -> dict[type, type]:
+    from harness.peer.adapters import sizing
+
+    return dict(sizing.spec_classes())
+
+
+def rebind_instances(obj, depth: int = 0) -> None:
+    """Specs a test module built at import (module constants, parametrize
+    values) become instances of the rebound classes, as if built after the
+    swap: same fields, impl's sizing answers."""
+    if depth > 4:
+        return
+    rebound = _spec_classes().get(type(obj))
+    if rebound is not None:
+        object.__setattr__(obj, "__class__", rebound)
+        for inner in getattr(obj, "kv_cache_specs", {}).values():
+            rebind_instances(inner, depth + 1)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            rebind_instances(value, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            rebind_instances(value, depth + 1)
+    elif type(obj).__name__ == "ParameterSet":
+        rebind_instances(obj.values, depth + 1)
 
 
 def rebind_test_modules(prefix: str = "tests.") -> None:

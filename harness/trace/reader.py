@@ -79,11 +79,17 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
 
 def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfile | None:
     try:
-        return get_profile(header.vllm_version)
+        profile = get_profile(header.vllm_version)
     except UnsupportedVersion as e:
         if any_version:
             return None
         raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+    for i, group in enumerate(header.cache.groups):
+        # A knob the trace's release does not have is bad input, not a divergence.
+        why = group.refused_by(profile)
+        if why is not None:
+            raise TraceError(path, 1, f"cache.groups[{i}].kind", why)
+    return profile
 
 
 def _decode_line(path: str, line_no: int, raw: bytes) -> object:

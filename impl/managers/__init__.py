@@ -2,18 +2,22 @@
 
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.chunked_local import ChunkedLocalAttentionManager
+from impl.managers.circular_buffer import CircularBufferManager
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.managers.mamba import MambaManager
+from impl.managers.rswa import RSWAManager
 from impl.managers.sink_full_attention import SinkFullAttentionManager
 from impl.managers.sliding_window import SlidingWindowManager
 from impl.math_utils import cdiv
@@ -22,6 +26,8 @@ from impl.math_utils import cdiv
 # spec is a FullAttentionSpec and is kept like one.
 _BY_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: SinkFullAttentionManager,
+    RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
@@ -12,9 +14,11 @@ from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
     chunked_local,
+    circular_buffer,
     cross_attention,
     full_attention,
     mamba,
+    rswa,
     sink_full_attention,
     sliding_window,
 )
@@ -26,11 +30,17 @@ class _Manager(Adapter):
     def __init__(self, kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
                  scheduler_block_size=None, dcp_world_size=1, pcp_world_size=1,
                  needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
-        require(not needs_kv_cache_zeroing, F.ZEROING, "needs_kv_cache_zeroing=True")
+        extra = {}
+        if needs_kv_cache_zeroing:
+            # Passed on to an impl manager that takes it (a kind that never
+            # zeroes takes it too); refused where impl has no zeroing.
+            require(_takes(self._impl_cls.__init__, "needs_kv_cache_zeroing"), F.ZEROING,
+                    "needs_kv_cache_zeroing=True")
+            extra["needs_kv_cache_zeroing"] = True
         impl = self._impl_cls(
             convert.to_impl_spec(kv_cache_spec), unwrap(block_pool), enable_caching,
             kv_cache_group_id, scheduler_block_size, dcp_world_size, pcp_world_size,
-            max_admission_blocks_per_request,
+            max_admission_blocks_per_request, **extra,
         )
         object.__setattr__(self, "_impl", impl)
 
@@ -56,10 +66,16 @@ class _Manager(Adapter):
     def cache_blocks(self, request, num_tokens, retention_interval=None, *,
                      replay_boundaries=()):
         require(retention_interval is None, F.RETENTION, f"retention_interval={retention_interval}")
-        require(not replay_boundaries, F.REPLAY_BOUNDARIES)
         impl = unwrap(self)
         # Through the class: a test may have replaced the method on the object.
-        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens)
+        method = type(impl).cache_blocks
+        extra = {}
+        if replay_boundaries:
+            require(_takes(method, "replay_boundaries"), F.REPLAY_BOUNDARIES)
+            extra["replay_boundaries"] = tuple(replay_boundaries)
+        if convert.is_vllm_request(request):
+            request = convert.to_impl_request(request)
+        method(impl, request, num_tokens, **extra)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):
@@ -70,18 +86,27 @@ class _Manager(Adapter):
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
                                           num_external_computed_tokens,
                                           record_for_zeroing=True):
-        # The flag only matters when blocks are recorded for zeroing (refused
-        # at construction above).
         impl = unwrap(self)
-        type(impl).allocate_external_computed_blocks(
-            impl, request_id, num_local_computed_tokens, num_external_computed_tokens)
+        method = type(impl).allocate_external_computed_blocks
+        # The flag only matters when blocks are recorded for zeroing (refused
+        # at construction where impl does not record them).
+        extra = {}
+        if _takes(method, "record_for_zeroing"):
+            extra["record_for_zeroing"] = record_for_zeroing
+        method(impl, request_id, num_local_computed_tokens, num_external_computed_tokens, **extra)
 
     def take_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "take_new_block_ids")
+        impl = unwrap(self)
+        if not hasattr(impl, "take_new_block_ids"):
+            raise ImplLacks(F.ZEROING, "take_new_block_ids")
+        return impl.take_new_block_ids()
 
     @property
     def records_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "records_new_block_ids")
+        impl = unwrap(self)
+        if not hasattr(impl, "records_new_block_ids"):
+            raise ImplLacks(F.ZEROING, "records_new_block_ids")
+        return impl.records_new_block_ids
 
     def take_pending_boundary_state_offloads(self):
         raise ImplLacks(F.BOUNDARY_OFFLOADS, "take_pending_boundary_state_offloads")
@@ -107,16 +132,13 @@ MambaManager = _manager(mamba.MambaManager, "MambaManager")
 CrossAttentionManager = _manager(cross_attention.CrossAttentionManager, "CrossAttentionManager")
 
 
-class _Unsupported(_Manager):
-    _feature = ""
-
-    def __init__(self, *args, **kwargs):
-        raise ImplLacks(self._feature, type(self).__name__)
+CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
+RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
 
 
-CircularBufferManager = type("CircularBufferManager", (_Unsupported,),
-                             {"_feature": F.CIRCULAR_BUFFER})
-RSWAManager = type("RSWAManager", (_Unsupported,), {"_feature": F.CIRCULAR_BUFFER})
+def _takes(fn, name: str) -> bool:
+    """Whether impl's callable has a parameter `name`."""
+    return name in inspect.signature(fn).parameters
 
 
 def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model_len,
