@@ -217,6 +217,8 @@ def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
     if isinstance(first, MambaSpec):
         return all(isinstance(s, MambaSpec)
                    and s.num_speculative_blocks == first.num_speculative_blocks
+                   and s.num_prefill_checkpoint_blocks == first.num_prefill_checkpoint_blocks
+                   and s.prefill_checkpoint_alignment == first.prefill_checkpoint_alignment
                    and page_size_bytes(s) == page_size_bytes(first) for s in values)
     base = _uniform_base(first)
     return all(isinstance(s, base) for s in values)
@@ -483,7 +485,9 @@ def max_memory_usage_bytes(
                     spec.block_size) * page
     if isinstance(spec, MambaSpec):
         if spec.mamba_cache_mode == "align":
-            return page * (2 + spec.num_speculative_blocks)
+            # The running state, the one it was copied from, the checkpoint
+            # blocks and the draft tokens' scratch blocks.
+            return page * (2 + spec.num_prefill_checkpoint_blocks + spec.num_speculative_blocks)
         return page * (1 + spec.num_speculative_blocks)
     if isinstance(spec, CrossAttentionSpec):
         return cdiv(max_num_encoder_input_tokens, spec.block_size) * page

@@ -87,7 +87,7 @@ class ImplBackend(Backend):
         return request
 
     def _get_computed_blocks(self, request: Request):
-        blocks, hit_tokens = self.manager.get_computed_blocks(request)
+        blocks, hit_tokens, _boundary = self.manager.get_computed_blocks(request)
         return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
