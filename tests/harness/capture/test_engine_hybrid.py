@@ -28,6 +28,8 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
     assert [(g.kind, g.block_size, g.sliding_window) for g in h.cache.groups] == [
         ("sliding_window", 32, 64), ("full_attention", 32, None)]
     assert h.cache.max_in_flight_tokens is not None
+    # The engine ran with vLLM's default sparse retention, and says so.
+    assert h.cache.prefix_cache_retention_interval == 0
     assert h.model.num_layers == 4 and "sliding window 64" in h.description
 
     # The sliding-window group drops blocks out of the window: some lookup hits
@@ -83,9 +85,11 @@ def test_header_maps_attention_groups_and_refuses_what_traces_cannot_say():
     only_full = cache_config_of(_scheduler([groups[1]], retention=0))
     assert only_full.max_in_flight_tokens is None
 
-    # 0.32's default sparse retention of sliding-window blocks has no trace field.
-    with pytest.raises(CaptureGap, match="prefix_cache_retention_interval=0"):
-        cache_config_of(_scheduler(groups, retention=0))
+    # 0.32's default sparse retention of sliding-window blocks is recorded
+    # (full attention alone ignores it: the header stays as before).
+    assert cache_config_of(_scheduler(groups, retention=0)).prefix_cache_retention_interval == 0
+    assert cache_config_of(_scheduler(groups)).prefix_cache_retention_interval is None
+    assert only_full.prefix_cache_retention_interval is None
     # Neither has the window's extra retained tokens (multi-module MTP).
     extra = [KVCacheGroupSpec(["a"], _spec("SlidingWindowSpec", sliding_window=48,
                                            extra_retained_tokens=2))]
