@@ -53,6 +53,10 @@ class EngineOptions:
     # A hybrid model: sliding-window layers with this window mixed with full
     # attention layers (two KV cache groups); None: full attention only.
     sliding_window: int | None = None
+    # vLLM's prefix_cache_retention_interval for the engine; "default": the
+    # engine's own (0 in 0.32: sparse sliding-window checkpoints). The
+    # header records what the engine ran with.
+    prefix_cache_retention_interval: int | None | str = "default"
 
 
 @contextmanager
@@ -114,7 +118,7 @@ def _plugin_registered() -> bool:
                for ep in entry_points(group="vllm.general_plugins"))
 
 
-def build_llm(preset: Preset, model_dir: str):
+def build_llm(preset: Preset, model_dir: str, retention: int | None | str = "default"):
     from vllm import LLM
     from vllm.config import KVEventsConfig
 
@@ -122,8 +126,7 @@ def build_llm(preset: Preset, model_dir: str):
     from harness.capture.seeded_weights import WEIGHTS_FILE
 
     load_format = "safetensors" if (Path(model_dir) / WEIGHTS_FILE).exists() else "dummy"
-    # The engine keeps vLLM's prefix_cache_retention_interval (0 in 0.32:
-    # sparse sliding-window and Mamba checkpoints); the header records it.
+    extra = {} if retention == "default" else {"prefix_cache_retention_interval": retention}
     return LLM(
         model=model_dir,
         load_format=load_format,
@@ -142,6 +145,7 @@ def build_llm(preset: Preset, model_dir: str):
         prefix_caching_hash_algo=e.hash_algo,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=e.kv_events, publisher="null"),
         disable_log_stats=not e.log_stats,
+        **extra,
     )
 
 
@@ -241,7 +245,7 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
     with ExitStack() as stack:
         stack.enter_context(_env(**env))
         stack.enter_context(hash_seed_env(preset.engine.hash_seed))
-        llm = build_llm(preset, model_dir)
+        llm = build_llm(preset, model_dir, options.prefix_cache_retention_interval)
         try:
             if options.multiprocess:
                 num_requests = drive(llm.llm_engine, preset, progress)

@@ -21,15 +21,15 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
     preset = load_preset(small_preset("tight-memory-preemption", requests={
         "count": 6, "output_tokens": [24, 48]}))
     out = tmp_path / "hybrid.jsonl"
-    r = capture_engine(preset, str(out), EngineOptions(sliding_window=64), progress=False)
+    r = capture_engine(preset, str(out), EngineOptions(
+        sliding_window=64, prefix_cache_retention_interval=None), progress=False)
     assert r.num_requests == 6
 
     h = open_trace(str(out)).header
     assert [(g.kind, g.block_size, g.sliding_window) for g in h.cache.groups] == [
         ("sliding_window", 32, 64), ("full_attention", 32, None)]
     assert h.cache.max_in_flight_tokens is not None
-    # The engine ran with vLLM's default sparse retention, and says so.
-    assert h.cache.prefix_cache_retention_interval == 0
+    assert h.cache.prefix_cache_retention_interval is None  # dense, as asked
     assert h.model.num_layers == 4 and "sliding window 64" in h.description
 
     # The sliding-window group drops blocks out of the window: some lookup hits
@@ -38,6 +38,24 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
                if rec.event.kind == "lookup" and rec.answer["hit_tokens"] > 64]
     assert any(0 in a["block_ids"][0] and 0 not in a["block_ids"][1] for a in lookups)
 
+    o = check_trace(str(out), ["vllm", "impl"])
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
+
+
+def test_hybrid_engine_with_default_sparse_retention_replays_conformant(tmp_path,
+                                                                      small_preset):
+    """vLLM's engine default (retention 0): the header records it, lookups
+    carry the shared-prefix boundary, and the trace replays on both backends."""
+    from harness.capture.engine_capture import EngineOptions, capture_engine
+    from harness.capture.presets import load_preset
+
+    preset = load_preset(small_preset("rag-shared-documents", requests={
+        "count": 8, "output_tokens": [8, 16]}))
+    out = tmp_path / "hybrid-sparse.jsonl"
+    capture_engine(preset, str(out), EngineOptions(sliding_window=64), progress=False)
+    trace = open_trace(str(out))
+    assert trace.header.cache.prefix_cache_retention_interval == 0
+    assert trace.header.cache.reports_shared_prefix_boundary
     o = check_trace(str(out), ["vllm", "impl"])
     assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
 
