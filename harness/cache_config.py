@@ -52,6 +52,11 @@ KIND_SINCE = {
 }
 
 
+# Group fields only a Mamba group may set, with their unset value.
+_MAMBA_FIELDS = {"mamba_cache_mode": None, "num_speculative_blocks": 0,
+                 "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": None}
+
+
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
     """One KV cache group: its attention kind, block size and kind parameters."""
@@ -67,6 +72,11 @@ class GroupConfig:
     # mla_attention: "sparse" (the attention's own cache) or "indexer" (a
     # sparse-attention indexer's keys: a group apart, managed the same).
     cache_role: str = "sparse"
+    # Mamba: scratch blocks for draft tokens' states (speculative decoding);
+    # prefill checkpoint blocks ("align") and the token step of their export.
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -77,8 +87,10 @@ class GroupConfig:
         for name in KIND_FIELDS.values():
             if name != needed and getattr(self, name) is not None:
                 raise ValueError(f"{name} does not apply to a {self.kind} group")
-        if self.mamba_cache_mode is not None and self.kind != "mamba":
-            raise ValueError(f"mamba_cache_mode does not apply to a {self.kind} group")
+        if self.kind != "mamba":
+            for name, unset in _MAMBA_FIELDS.items():
+                if getattr(self, name) != unset:
+                    raise ValueError(f"{name} does not apply to a {self.kind} group")
         if self.cache_role != "sparse" and self.kind != "mla_attention":
             raise ValueError(f"cache_role does not apply to a {self.kind} group")
         if self.cache_role not in ("sparse", "indexer"):
@@ -118,6 +130,11 @@ class CacheConfig:
     # Tokens scheduled but not yet settled (caps sliding-window admission);
     # None: max_model_len, as vLLM's KVCacheManager defaults it.
     max_in_flight_tokens: int | None = None
+    # Sparse sliding-window / Mamba checkpoints (KVCacheConfig's; None:
+    # dense, as a KVCacheConfig built without it; vLLM's engines default to 0).
+    prefix_cache_retention_interval: int | None = None
+    # Mamba "align" states at shared-prefix junctions (EAGLE models only).
+    enable_mamba_shared_prefix_checkpoint: bool = False
 
     @property
     def block_size(self) -> int:
@@ -154,7 +171,18 @@ class CacheConfig:
         if g.kind == "cross_attention":
             return CrossAttentionSpec(bs)
         return MambaSpec(bs, shapes=((1,),), dtype_sizes=(4,),
-                         mamba_cache_mode=self.mamba_cache_mode(g))
+                         mamba_cache_mode=self.mamba_cache_mode(g),
+                         num_speculative_blocks=g.num_speculative_blocks,
+                         num_prefill_checkpoint_blocks=g.num_prefill_checkpoint_blocks,
+                         prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
+
+    @property
+    def reports_shared_prefix_boundary(self) -> bool:
+        """Whether lookup answers carry the shared-prefix boundary: only in
+        traces that use a knob reading it (sparse retention, Mamba prefill
+        checkpoints), so traces recorded before it stay as they are."""
+        return self.prefix_cache_retention_interval is not None or any(
+            g.num_prefill_checkpoint_blocks for g in self.groups)
 
     @property
     def scheduler_block_size(self) -> int:

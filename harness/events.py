@@ -69,7 +69,10 @@ class AddRequest(Event):
 
 @dataclass(slots=True)
 class Lookup(Event):
-    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]}."""
+    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]},
+    plus "shared_prefix_boundary" (when not 0) in traces whose cache config
+    reads it (CacheConfig.reports_shared_prefix_boundary). The request keeps
+    the boundary, as the scheduler stores it."""
 
     kind: ClassVar[str] = "lookup"
     req: str
@@ -172,6 +175,25 @@ class TakeBlockCopies(Event):
     kind: ClassVar[str] = "take_block_copies"
 
 
+@dataclass(slots=True)
+class TakeBoundaryStateOffloads(Event):
+    """The scheduler drains the Mamba "align" boundary states offered to a KV
+    connector (take_boundary_state_offloads, end of every schedule pass).
+    Answer: {"offloads": {req: [[group, block_id, boundary_tokens], ...]}}."""
+
+    kind: ClassVar[str] = "take_boundary_state_offloads"
+
+
+@dataclass(slots=True)
+class FinalizePartialTailOffloads(Event):
+    """A producer request finishes with a KV connector: its prompt-tail
+    states still in its own blocks (finalize_partial_tail_offloads).
+    Answer: {"offloads": [[group, block_id, boundary_tokens], ...]}."""
+
+    kind: ClassVar[str] = "finalize_partial_tail_offloads"
+    req: str
+
+
 CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
 
 
@@ -195,6 +217,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
+        TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
     )
 }
 

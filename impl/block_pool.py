@@ -244,6 +244,18 @@ class BlockPool:
                 raise ValueError(f"no block {block_id} in a pool of {self.num_gpu_blocks}")
             self._announce_removed(self._detach_all(self.blocks[block_id]))
 
+    def evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Make one block unfindable (its content is about to be replaced),
+        announcing each key it loses; False when it had none."""
+        gone = self._detach_all(block)
+        self._announce_removed(gone)
+        return bool(gone)
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """Whether one holder may change the block in place: it holds it
+        alone and no lookup can find it."""
+        return not block.is_null and block.ref_cnt == 1 and block.block_hash is None
+
     def reset_prefix_cache(self) -> bool:
         """Forget every key; refused (False) while any block is held."""
         if self.free_block_queue.num_free_blocks != self.num_gpu_blocks - 1:

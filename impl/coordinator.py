@@ -30,12 +30,16 @@ from impl.managers.full_attention import FullAttentionManager
 from impl.math_utils import cdiv
 from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
+from impl.retention import replay_boundaries, validate_retention_interval
 
 PerGroup = tuple[Sequence[KVCacheBlock], ...]
 _NO_HIT_BLOCKS: tuple = ()
 
 
 class KVCacheCoordinator:
+    # Whether hits may end inside blocks (only a hybrid coordinator decides).
+    enable_partial_hash_hits = False
+
     def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
                  enable_caching: bool, hash_block_size: int, *,
                  enable_kv_cache_events: bool = False, events_use_int_hashes: bool = True,
@@ -61,6 +65,15 @@ class KVCacheCoordinator:
         self._encoder_sized = tuple(isinstance(m, CrossAttentionManager)
                                     for m in self.single_type_managers)
         self._has_encoder_groups = any(self._encoder_sized)
+        # Groups whose hits drop EAGLE's last block (draft-model support
+        # fills this); the replay boundaries and Mamba checkpoints follow it.
+        self.eagle_group_ids: set[int] = set()
+        # Sparse checkpoints of sliding-window and Mamba groups (§9.2.1).
+        interval = kv_cache_config.prefix_cache_retention_interval
+        if interval is not None and not profile.prefix_cache_retention:
+            raise ValueError(f"vLLM {profile.name} has no prefix_cache_retention_interval")
+        validate_retention_interval(interval, self.scheduler_block_size, specs)
+        self.retention_interval = interval
 
     # -- allocation ---------------------------------------------------------------
 
@@ -69,6 +82,10 @@ class KVCacheCoordinator:
             num_encoder_tokens: int, total_computed_tokens: int, num_local_computed_tokens: int,
             num_tokens_main_model: int, apply_admission_cap: bool = False,
             prefill_end: int = 0) -> int:
+        if self.retention_interval != 0:
+            # Dense or periodic retention keeps every chunk's checkpoint: only
+            # retention 0 confines Mamba checkpoints to the prefill's end.
+            prefill_end = 0
         needed = 0
         for manager, hit, encoder in zip(self.single_type_managers, new_computed_blocks,
                                          self._encoder_sized):
@@ -128,11 +145,22 @@ class KVCacheCoordinator:
         """How many of the computed tokens this group may key."""
         return num_computed_tokens
 
+    def _replay_boundaries(self, request: Request) -> tuple[int, ...]:
+        """Only a retention interval reads them (§10): dense caching keeps
+        every reachable checkpoint anyway."""
+        if self.retention_interval is None:
+            return ()
+        return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size,
+                                 bool(self.eagle_group_ids))
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        interval = self.retention_interval
+        boundaries = self._replay_boundaries(request)
         for group_id, manager in enumerate(self.single_type_managers):
             if manager.enable_caching:
-                manager.cache_blocks(request,
-                                     self.get_num_cacheable_tokens(num_computed_tokens, group_id))
+                manager.cache_blocks(
+                    request, self.get_num_cacheable_tokens(num_computed_tokens, group_id),
+                    interval, boundaries)
 
     def _each(self, method: str, *args) -> None:
         """Call `method` with `args` on every group's manager."""
@@ -160,8 +188,15 @@ class KVCacheCoordinator:
         self._each("new_step_starts")
 
     def find_longest_cache_hit(self, block_hashes: Sequence, max_cache_hit_length: int
-                               ) -> tuple[tuple[BlockTable, ...], int]:
+                               ) -> tuple[tuple[BlockTable, ...], int, int]:
+        """(hit blocks per group, hit tokens, tokens of a shared prefix some
+        group has not cached: how far the longest single kind reached past
+        the agreed hit)."""
         raise NotImplementedError
+
+    def take_pending_boundary_state_offloads(self) -> list:
+        return [offer for m in self.single_type_managers
+                for offer in m.take_pending_boundary_state_offloads()]
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
@@ -172,7 +207,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         super().__init__(kv_cache_config, profile, False, hash_block_size, **kwargs)
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        return tuple([] for _ in self.single_type_managers), 0
+        return tuple([] for _ in self.single_type_managers), 0, 0
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
@@ -223,7 +258,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def cache_blocks(self, request, num_computed_tokens) -> None:
         if self.manager.enable_caching:
-            self.manager.cache_blocks(request, num_computed_tokens)
+            self.manager.cache_blocks(request, num_computed_tokens, self.retention_interval,
+                                      self._replay_boundaries(request))
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens,
                               num_prompt_tokens=None) -> None:
@@ -235,10 +271,12 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             size = self.block_size
             run = self.block_pool.cached_block_hash_to_block.prefix_run(
                 block_hashes[:max_cache_hit_length // size], b"\0\0\0\0")  # group 0
-            return (run,), len(run) * size
-        return only.find_longest_cache_hit(
+            return (run,), len(run) * size, 0
+        # One group: no other group can lag behind it.
+        blocks, hit = only.find_longest_cache_hit(
             block_hashes, max_cache_hit_length, (0,), self.block_pool, self.kv_cache_spec,
             self.block_size, only.dcp_world_size, only.pcp_world_size)
+        return blocks, hit, 0
 
 
 @dataclass(slots=True)
@@ -324,6 +362,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # One full-attention kind plus one other agree after a single pass.
         one_pass = len(batches) == 2 and isinstance(batches[0].spec, FullAttentionSpec)
         agreed = max_cache_hit_length
+        longest = 0
         while True:
             candidate = agreed
             for batch in batches:
@@ -340,6 +379,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 for group_id, group_blocks in zip(batch.group_ids, blocks):
                     found[group_id] = group_blocks
                     lengths[group_id] = candidate
+                if candidate > longest:
+                    longest = candidate
             if candidate >= agreed or one_pass:
                 agreed = min(agreed, candidate)
                 break
@@ -350,7 +391,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 for group_id in batch.group_ids:
                     if found[group_id] is not None:
                         del found[group_id][keep:]
-        return tuple([] if blocks is None else blocks for blocks in found), agreed
+        return (tuple([] if blocks is None else blocks for blocks in found), agreed,
+                longest - agreed)
 
 
 def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, profile: VersionProfile,

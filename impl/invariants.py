@@ -58,6 +58,7 @@ def check_invariants(manager: KVCacheManager) -> None:
     for group in manager.coordinator.single_type_managers:
         for request_id in group.req_to_blocks:
             _check_table_shape(group, request_id)
+    _check_boundary_states(manager)
 
 
 def _check_table_shape(group, request_id: str) -> None:
@@ -66,6 +67,27 @@ def _check_table_shape(group, request_id: str) -> None:
     problem = rule and rule(group.req_to_blocks[request_id])
     if problem:
         raise InvariantViolation(f"group {group.kv_cache_group_id}, {request_id}: {problem}")
+
+
+def _check_boundary_states(manager: KVCacheManager) -> None:
+    """Mamba "align" bookkeeping that outlives a call (§9.4.3): a boundary
+    state offered to a connector names a request the group still serves
+    (freeing a request withdraws its offers), and a producer's prompt-tail
+    record names a block of that request's table. O(offers + producers)."""
+    for group in manager.coordinator.single_type_managers:
+        tables = group.req_to_blocks
+        for request_id, _, block, boundary in getattr(group, "_offers", ()):
+            if request_id not in tables:
+                raise InvariantViolation(
+                    f"boundary state of {request_id} at {boundary} tokens (block "
+                    f"{block.block_id}) is offered but the request holds nothing: a freed "
+                    "request's offers must be withdrawn")
+        for request_id, (block, boundary) in getattr(group, "_producer_tails", {}).items():
+            table = tables.get(request_id, ())
+            if not any(b is block for b in table):
+                raise InvariantViolation(
+                    f"{request_id}'s prompt tail at {boundary} tokens names block "
+                    f"{block.block_id}, which is not in its table")
 
 
 def _walk_free_queue(pool) -> set[int]:
@@ -226,6 +248,8 @@ class InvariantChecker:
                       if (keys := _keys_of(pool, block))}
         self._num_keys = sum(len(keys) for keys in self._keys.values())
         self._reserved = _reserved_ids(manager)
+        self._mamba_align = any(getattr(group, "mamba_cache_mode", None) == "align"
+                                for group in self._groups)
         self._wrap_pool(pool)
 
     def _adopt_table(self, g: int, request_id: str, table: list[KVCacheBlock]) -> None:
@@ -275,13 +299,17 @@ class InvariantChecker:
             kind.evict_blocks(pool, block_ids)
             touched.extend(pool.blocks[i] for i in block_ids)
 
+        def evict_cached_block(block):
+            touched.append(block)
+            return kind.evict_cached_block(pool, block)
+
         def reset_prefix_cache():
             done = kind.reset_prefix_cache(pool)
             self._cleared = self._cleared or done
             return done
 
         for fn in (get_new_blocks, touch, free_blocks, cache_full_blocks, cache_partial_block,
-                   move_block_hashes, evict_blocks, reset_prefix_cache):
+                   move_block_hashes, evict_blocks, evict_cached_block, reset_prefix_cache):
             setattr(pool, fn.__name__, fn)
 
     # -- one check -----------------------------------------------------------------------
@@ -314,6 +342,8 @@ class InvariantChecker:
         if entries != self._num_keys:
             raise InvariantViolation(f"{self._num_keys} block keys exist but the map holds "
                                      f"{entries}")
+        if self._mamba_align:
+            _check_boundary_states(self._manager)
 
     def _forget_all_keys(self) -> None:
         self._cleared = False

@@ -13,6 +13,7 @@ from impl.kv_cache_spec import KVCacheConfig
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
+from impl.managers.mamba import MambaManager
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
@@ -30,6 +31,10 @@ class KVCacheBlocks:
 
     def get_block_ids(self) -> GroupIds:
         return tuple([block.block_id for block in group] for group in self.blocks)
+
+
+# get_computed_blocks: hit blocks, hit tokens, shared-prefix boundary.
+LookupAnswer = tuple[KVCacheBlocks, int, int]
 
 
 @dataclass(eq=False)
@@ -51,6 +56,9 @@ class KVCacheManager:
     # Tokens that may be scheduled but not settled (caps windowed admission);
     # None: max_model_len.
     max_in_flight_tokens: int | None = None
+    # Mamba "align" states also at shared-prefix junctions (takes effect
+    # with EAGLE groups and hits inside blocks only, §11).
+    enable_mamba_shared_prefix_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         config, profile = self.kv_cache_config, self.profile
@@ -63,6 +71,13 @@ class KVCacheManager:
             scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
             max_in_flight_tokens=self.max_in_flight_tokens)
         self.block_pool = coordinator.block_pool
+        # Junction checkpoints need EAGLE's replay points and hits inside blocks.
+        junctions = self.mamba_shared_prefix_checkpoint = (
+            self.enable_mamba_shared_prefix_checkpoint and bool(coordinator.eagle_group_ids)
+            and coordinator.enable_partial_hash_hits)
+        for mamba in (m for m in coordinator.single_type_managers if junctions):
+            if isinstance(mamba, MambaManager):
+                mamba.shared_prefix_checkpoint = True
         groups = config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
         self.watermark_blocks = int(self.watermark * config.num_blocks)
@@ -110,17 +125,20 @@ class KVCacheManager:
 
     # -- lookup -------------------------------------------------------------------
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
-        """The request's longest cached prefix. Never all of it: the last
-        token is computed again for its logits."""
+    def get_computed_blocks(self, request: Request) -> LookupAnswer:
+        """The request's longest cached prefix (never all of it: the last
+        token is computed again for its logits), and the shared-prefix
+        boundary: where the prefix some group has not cached yet ends (0:
+        none), for the scheduler to keep a checkpoint at."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
+            return (self.empty_kv_cache_blocks, 0, 0)
         num_tokens = len(request.all_token_ids)
-        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                              num_tokens - 1)
+        blocks, hit, uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, num_tokens - 1)
         if self._count_at_lookup and self.log_stats:
             self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
-        return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
+        answer = KVCacheBlocks(blocks) if hit else self._answer(blocks)
+        return answer, hit, (hit + uncached if uncached else 0)
 
     # -- allocation --------------------------------------------------------------------
 
@@ -271,6 +289,29 @@ class KVCacheManager:
         for source, copy in pairs:
             held += (source, copy)
         return [(source.block_id, copy.block_id) for source, copy in pairs], held
+
+    # -- boundary states for KV connectors (§9.4.3) ---------------------------------------
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The boundary states offered since the last call, per request:
+        (group, block id, boundary tokens)."""
+        offers: dict[str, list[tuple[int, int, int]]] = {}
+        for request_id, group_id, block, boundary in (
+                self.coordinator.take_pending_boundary_state_offloads()):
+            offers.setdefault(request_id, []).append((group_id, block.block_id, boundary))
+        return offers
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """A finishing request's prompt-tail states still in its own table
+        blocks: (group, block id, boundary tokens)."""
+        out = []
+        for manager in self.coordinator.single_type_managers:
+            tail = manager.finalize_partial_tail_offload(
+                request.request_id, request.num_computed_tokens, request.num_in_flight_tokens)
+            if tail is not None:
+                group_id, block, boundary = tail
+                out.append((group_id, block.block_id, boundary))
+        return out
 
     # -- reading ------------------------------------------------------------------------------
 

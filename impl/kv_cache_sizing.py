@@ -323,7 +323,8 @@ def _uniform_base(spec: KVCacheSpec) -> type:
 
 
 def _mamba_uniform_key(spec: MambaSpec) -> tuple:
-    return (spec.num_speculative_blocks, page_size_bytes(spec))
+    return (spec.num_speculative_blocks, spec.num_prefill_checkpoint_blocks,
+            spec.prefill_checkpoint_alignment, page_size_bytes(spec))
 
 
 def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
@@ -889,7 +890,9 @@ def max_memory_usage_bytes(
     if isinstance(spec, MambaSpec):
         mode = spec.mamba_cache_mode if mamba_cache_mode is None else mamba_cache_mode
         if mode == "align":
-            return page * (2 + spec.num_speculative_blocks)
+            # The running state, the one it was copied from, the checkpoint
+            # blocks and the draft tokens' scratch blocks.
+            return page * (2 + spec.num_prefill_checkpoint_blocks + spec.num_speculative_blocks)
         return page * (1 + spec.num_speculative_blocks)
     if isinstance(spec, CrossAttentionSpec):
         return cdiv(max_num_encoder_input_tokens, spec.block_size) * page

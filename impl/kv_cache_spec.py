@@ -214,6 +214,11 @@ class MambaSpec(KVCacheSpec):
     page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
     mamba_cache_mode: str = "none"  # or "align"
     num_speculative_blocks: int = 0  # room for draft tokens' states
+    # "align" only: blocks a backend exports a state inside a prefill chunk
+    # into, and the token step such an export position must keep from the
+    # chunk start (None: the backend cannot export one).
+    num_prefill_checkpoint_blocks: int = 0  # 0 or 1 in practice
+    prefill_checkpoint_alignment: int | None = None  # tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,3 +231,7 @@ class KVCacheGroupSpec:
 class KVCacheConfig:
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = field(default_factory=tuple)
+    # Sparse checkpoints of sliding-window and Mamba groups: None keeps every
+    # reachable one, 0 only replay boundaries and shared-prefix junctions, a
+    # positive interval one per interval as well (spec 9.2.1).
+    prefix_cache_retention_interval: int | None = None  # tokens

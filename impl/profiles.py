@@ -158,6 +158,18 @@ class VersionProfile:
     # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
     # group cannot be built; the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
+    # Mamba "align" groups with prefill checkpoint blocks (a state exported
+    # inside a prefill chunk); 0.17's MambaSpec has no such field.
+    mamba_prefill_checkpoints: bool
+    # KVCacheConfig.prefix_cache_retention_interval, replay boundaries and
+    # sparse sliding-window / Mamba checkpoints; absent in 0.17.
+    prefix_cache_retention: bool
+    # take_boundary_state_offloads / finalize_partial_tail_offloads (a
+    # connector told which Mamba block holds which boundary state).
+    boundary_state_offloads: bool
+    # Mamba releases blocks as if num_speculative_blocks fewer tokens were
+    # computed (0.17: drafts of the last step may still be rejected).
+    mamba_release_lags_speculative_blocks: bool
     # Attention kinds the release has (0.17 none of them): R-SWA groups that
     # give back the gap between prompt and window (0.25+); circular-buffer
     # groups, one ring block a request (0.29+); sliding-window MLA and MLA
@@ -192,6 +204,10 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=False,
         sink_manager_rejects_zeroing_arg=False,
+        mamba_prefill_checkpoints=False,
+        prefix_cache_retention=False,
+        boundary_state_offloads=False,
+        mamba_release_lags_speculative_blocks=True,
         rswa_groups=False,
         circular_buffer_groups=False,
         sparse_mla_groups=False,
@@ -220,6 +236,10 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
         unify_pads_pages=True,
         sink_manager_rejects_zeroing_arg=True,
+        mamba_prefill_checkpoints=True,
+        prefix_cache_retention=True,
+        boundary_state_offloads=True,
+        mamba_release_lags_speculative_blocks=False,
         rswa_groups=True,
         circular_buffer_groups=True,
         sparse_mla_groups=True,

@@ -49,6 +49,9 @@ class Request:
     num_in_flight_tokens: int = 0
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    # Where this request's prefix stops being shared with cached siblings
+    # (the lookup's third answer, stored by the scheduler); 0: none known.
+    shared_prefix_boundary: int = 0
     # One chained hash per full hash block of all_token_ids.
     block_hashes: list = field(default_factory=list)
     # Digest of the embedding rows of a block, by (start, end), computed once.

@@ -20,6 +20,7 @@ from harness.events import (
     Checkpoint,
     Event,
     EvictBlocks,
+    FinalizePartialTailOffloads,
     Free,
     Lookup,
     Preempt,
@@ -27,6 +28,7 @@ from harness.events import (
     ResetPrefixCache,
     Step,
     TakeBlockCopies,
+    TakeBoundaryStateOffloads,
 )
 from impl.profiles import VersionProfile
 
@@ -104,7 +106,10 @@ class Backend(ABC):
             Step: self._on_step,
             TakeBlockCopies: self._on_take_block_copies,
             Checkpoint: self._on_checkpoint,
+            TakeBoundaryStateOffloads: self._on_take_boundary_state_offloads,
+            FinalizePartialTailOffloads: self._on_finalize_partial_tail_offloads,
         }
+        self._report_boundary = config.reports_shared_prefix_boundary
 
     def run(self, event: Event) -> dict[str, Any]:
         """Execute one event and return its answer."""
@@ -117,7 +122,12 @@ class Backend(ABC):
 
     def _on_lookup(self, ev: Lookup) -> dict:
         block_ids, hit_tokens = self.lookup(ev.req)
-        return {"hit_tokens": hit_tokens, "block_ids": block_ids}
+        answer = {"hit_tokens": hit_tokens, "block_ids": block_ids}
+        if self._report_boundary:
+            boundary = self.requests[ev.req].shared_prefix_boundary
+            if boundary:
+                answer["shared_prefix_boundary"] = boundary
+        return answer
 
     def _on_allocate(self, ev: Allocate) -> dict:
         block_ids = self.allocate(ev)
@@ -161,6 +171,13 @@ class Backend(ABC):
     def _on_take_block_copies(self, ev: TakeBlockCopies) -> dict:
         return {"copies": [list(pair) for pair in self.take_block_copies()]}
 
+    def _on_take_boundary_state_offloads(self, ev: TakeBoundaryStateOffloads) -> dict:
+        offers = self.take_boundary_state_offloads()
+        return {"offloads": {req: [list(offer) for offer in offers[req]] for req in offers}}
+
+    def _on_finalize_partial_tail_offloads(self, ev: FinalizePartialTailOffloads) -> dict:
+        return {"offloads": [list(o) for o in self.finalize_partial_tail_offloads(ev.req)]}
+
     def _on_checkpoint(self, ev: Checkpoint) -> dict:
         out: dict[str, Any] = {}
         for f in ev.fields:
@@ -192,8 +209,12 @@ class Backend(ABC):
         return list(request.block_hashes)
 
     def lookup(self, req: str) -> tuple[BlockIds, int]:
-        blocks, hit_tokens, block_ids = self._get_computed_blocks(self._request(req))
+        request = self._request(req)
+        blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(request)
         self._pending_hit[req] = (blocks, hit_tokens)
+        # The scheduler keeps the lookup's shared-prefix boundary on the
+        # request (sparse retention keeps a checkpoint there).
+        request.shared_prefix_boundary = boundary
         return block_ids, hit_tokens
 
     def allocate(self, ev: Allocate) -> BlockIds | None:
@@ -231,8 +252,9 @@ class Backend(ABC):
         """A request object whose block hashes are computed."""
 
     @abstractmethod
-    def _get_computed_blocks(self, request) -> tuple[Any, int, BlockIds]:
-        """(blocks to pass to allocate, hit tokens, hit block ids per group)."""
+    def _get_computed_blocks(self, request) -> tuple[Any, int, BlockIds, int]:
+        """(blocks to pass to allocate, hit tokens, hit block ids per group,
+        shared-prefix boundary (0 where the release has none))."""
 
     @abstractmethod
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:
@@ -263,6 +285,14 @@ class Backend(ABC):
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Drain pending copy-on-write copies and release the blocks they kept
         referenced, as the scheduler does after each schedule pass."""
+
+    @abstractmethod
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Drain the boundary states offered since the last call."""
+
+    @abstractmethod
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        """A finishing request's prompt-tail states still in its blocks."""
 
     @abstractmethod
     def free_queue(self) -> list[int]: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.backends.base import Backend, BlockIds, kv_event_json
+from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
@@ -18,7 +18,8 @@ def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
         KVCacheGroupSpec((f"layer.{i}",), spec)
         for i, spec in enumerate(config.kv_cache_specs())
     )
-    return KVCacheConfig(config.num_blocks, groups)
+    return KVCacheConfig(config.num_blocks, groups,
+                         prefix_cache_retention_interval=config.prefix_cache_retention_interval)
 
 
 class ImplBackend(Backend):
@@ -47,6 +48,7 @@ class ImplBackend(Backend):
             pcp_world_size=config.pcp_world_size,
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=config.max_in_flight_tokens,
+            enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
         )
         self.hasher = RequestBlockHasher(
             hash_block_size,
@@ -87,8 +89,8 @@ class ImplBackend(Backend):
         return request
 
     def _get_computed_blocks(self, request: Request):
-        blocks, hit_tokens = self.manager.get_computed_blocks(request)
-        return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks]
+        blocks, hit_tokens, boundary = self.manager.get_computed_blocks(request)
+        return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         new = self.manager.allocate_slots(
@@ -141,6 +143,19 @@ class ImplBackend(Backend):
         if retained:
             self.manager.block_pool.free_blocks(retained)
         return copies
+
+    def _offloads_supported(self) -> None:
+        if not self.profile.boundary_state_offloads:
+            raise BackendError(f"vLLM {self.profile.name} hands no boundary states to "
+                               "connectors", "op")
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        self._offloads_supported()
+        return self.manager.take_boundary_state_offloads()
+
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        self._offloads_supported()
+        return self.manager.finalize_partial_tail_offloads(self._request(req))
 
     def free_queue(self) -> list[int]:
         return self.manager.block_pool.free_block_queue.block_ids()

@@ -53,6 +53,17 @@ class VllmApi:
     # parallelism).
     block_sizes_rule: BlockSizesRule
     hybrid_block_sizes_rule: BlockSizesRule
+    # Where the prefix-cache retention interval is read: "kv_cache_config"
+    # (KVCacheConfig.prefix_cache_retention_interval), "env"
+    # (VLLM_PREFIX_CACHE_RETENTION_INTERVAL), None (no such knob).
+    retention_interval_from: str | None
+    # MambaSpec takes num_prefill_checkpoint_blocks / prefill_checkpoint_alignment.
+    mamba_spec_takes_checkpoints: bool
+    # KVCacheManager.take_boundary_state_offloads / finalize_partial_tail_offloads.
+    has_boundary_state_offloads: bool
+    has_finalize_partial_tail_offloads: bool
+    # KVCacheManager.__init__ takes enable_mamba_shared_prefix_checkpoint.
+    manager_takes_shared_prefix_checkpoint: bool
 
     def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
         return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
@@ -74,12 +85,17 @@ _V017 = VllmApi(
     sizing_module="vllm.v1.core.kv_cache_utils",
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
     hybrid_block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
+    retention_interval_from=None,
+    mamba_spec_takes_checkpoints=False,
+    has_boundary_state_offloads=False,
+    has_finalize_partial_tail_offloads=False,
+    manager_takes_shared_prefix_checkpoint=False,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
                 hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
-                admission_args=_ADMISSION[:2])
+                admission_args=_ADMISSION[:2], retention_interval_from="env")
 _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
                 block_sizes_rule=BlockSizesRule.LCM_GCD,
@@ -87,10 +103,15 @@ _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_token
                 sink_manager_rejects_zeroing_arg=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
 _V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
-_V033 = replace(_V028, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
+_V029 = replace(_V028, since="0.29.0", retention_interval_from="kv_cache_config",
+                mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
+_V030 = replace(_V029, since="0.30.0", has_finalize_partial_tail_offloads=True)
+_V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True)
+_V033 = replace(_V031, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
 
 # Oldest first; a release takes the last row whose `since` it has reached.
-SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V033)
+SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V029,
+                               _V030, _V031, _V033)
 
 
 def api_for(version: str) -> VllmApi:

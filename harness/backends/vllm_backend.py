@@ -81,7 +81,7 @@ def _env(name: str, value: str | None):
             os.environ[name] = old
 
 
-def _vllm_spec(config: CacheConfig, g: GroupConfig):
+def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
     """vLLM's spec for a group: one tiny head, float32 (the manager never
     reads the shape, and equal groups must give equal specs)."""
     import torch
@@ -112,8 +112,16 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
     if g.kind == "cross_attention":
         return kvi.CrossAttentionSpec(**attention)
     if g.kind == "mamba":
+        checkpoints = {}
+        if g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None:
+            if not api.mamba_spec_takes_checkpoints:
+                raise BackendError(f"vLLM {installed_vllm_version()} has no Mamba prefill "
+                                   "checkpoint blocks", "cache.groups")
+            checkpoints = dict(num_prefill_checkpoint_blocks=g.num_prefill_checkpoint_blocks,
+                               prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
         return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
-                             mamba_cache_mode=config.mamba_cache_mode(g))
+                             mamba_cache_mode=config.mamba_cache_mode(g),
+                             num_speculative_blocks=g.num_speculative_blocks, **checkpoints)
     raise NotImplementedError(f"attention kind '{g.kind}'")
 
 
@@ -196,11 +204,19 @@ class VllmBackend(Backend):
         ):
             _accept_zeroing_arg_in_sink_manager()
         groups = [
-            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
+            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api))
             for i, g in enumerate(config.groups)
         ]
+        retention = config.prefix_cache_retention_interval
+        extra = {}
+        if retention is not None:
+            if api.retention_interval_from is None:
+                raise BackendError(f"vLLM {self._release} has no prefix-cache retention "
+                                   "interval", "cache.prefix_cache_retention_interval")
+            if api.retention_interval_from == "kv_cache_config":
+                extra["prefix_cache_retention_interval"] = retention
         kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra
         )
         # block_sizes reads only the rule, which the API shape carries for
         # releases without a profile too.
@@ -225,7 +241,17 @@ class VllmBackend(Backend):
             if not api.manager_takes_watermark:
                 raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
-        self.manager = KVCacheManager(kv_cache_config, **kwargs)
+        if config.enable_mamba_shared_prefix_checkpoint:
+            if not api.manager_takes_shared_prefix_checkpoint:
+                raise BackendError(f"vLLM {self._release} has no Mamba shared-prefix "
+                                   "checkpoints", "cache.enable_mamba_shared_prefix_checkpoint")
+            kwargs["enable_mamba_shared_prefix_checkpoint"] = True
+        # Releases reading the retention interval from the environment read it
+        # while the manager is built.
+        env_retention = (str(retention) if retention is not None
+                         and api.retention_interval_from == "env" else None)
+        with _env("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", env_retention):
+            self.manager = KVCacheManager(kv_cache_config, **kwargs)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.
@@ -295,12 +321,14 @@ class VllmBackend(Backend):
 
     def _get_computed_blocks(self, request):
         if self._arity3:
-            blocks, hit_tokens, _shared_prefix_boundary = (
+            blocks, hit_tokens, shared_prefix_boundary = (
                 self.manager.get_computed_blocks(request)
             )
         else:
             blocks, hit_tokens = self.manager.get_computed_blocks(request)
-        return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()]
+            shared_prefix_boundary = 0
+        ids = [list(g) for g in blocks.get_block_ids()]
+        return blocks, hit_tokens, ids, shared_prefix_boundary
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         wanted = dict(
@@ -365,6 +393,18 @@ class VllmBackend(Backend):
             # What the scheduler does once the copies have run.
             self.manager.block_pool.free_blocks(retained)
         return [(c.src_block_id, c.dst_block_id) for c in copies]
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        if not self.api.has_boundary_state_offloads:
+            raise BackendError(f"vLLM {self._release} has no take_boundary_state_offloads",
+                               "op")
+        return self.manager.take_boundary_state_offloads()
+
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        if not self.api.has_finalize_partial_tail_offloads:
+            raise BackendError(f"vLLM {self._release} has no finalize_partial_tail_offloads",
+                               "op")
+        return self.manager.finalize_partial_tail_offloads(self._request(req))
 
     def free_queue(self) -> list[int]:
         return [

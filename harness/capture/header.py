@@ -27,9 +27,10 @@ _KINDS = {
 }
 # Spec fields a manager reads that a trace's group cannot state: the capture
 # is refused unless they hold their default.
-_MUST_BE_DEFAULT = ("extra_retained_tokens", "num_speculative_blocks",
-                    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment",
-                    "bounded_replay")
+_MUST_BE_DEFAULT = ("extra_retained_tokens", "bounded_replay")
+# MambaSpec fields a trace's Mamba group carries, with their default.
+_MAMBA_FIELDS = (("num_speculative_blocks", 0), ("num_prefill_checkpoint_blocks", 0),
+                 ("prefill_checkpoint_alignment", None))
 # Kinds whose admission cap depends on the tokens in flight.
 _RECYCLING = ("sliding_window", "chunked_local_attention")
 # Kinds whose cached blocks follow vLLM's prefix_cache_retention_interval.
@@ -84,6 +85,8 @@ def group_config_of(group, manager=None) -> GroupConfig:
             raise CaptureGap(f"Mamba group with mamba_cache_mode={mode!r}: traces carry "
                              "'none' and 'align' only")
         kwargs["mamba_cache_mode"] = mode
+        for attr, default in _MAMBA_FIELDS:
+            kwargs[attr] = getattr(spec, attr, default)
     return GroupConfig(spec.block_size, kind, **kwargs)
 
 
@@ -99,17 +102,17 @@ def cache_config_of(scheduler) -> CacheConfig:
                          f"{len(kv_cache_config.kv_cache_groups)} KV cache groups")
     groups = tuple(group_config_of(g, managers[i] if managers else None)
                    for i, g in enumerate(kv_cache_config.kv_cache_groups))
-    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if retention is not None and any(g.kind in _RETAINING for g in groups):
-        # 0.32: sliding-window and Mamba groups then cache only the blocks that
-        # end a retention segment, the replay boundaries of the prompt and
-        # shared-prefix junctions. A trace (and impl) state dense retention
-        # (None: a tail at every scheduler-block boundary) only.
-        raise CaptureGap(f"prefix_cache_retention_interval={retention} with a "
-                         "sliding-window or Mamba group: traces carry dense retention "
-                         "only (run vLLM with prefix_cache_retention_interval=None)")
     cache = scheduler.cache_config
     extra = {}
+    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if retention is not None and any(g.kind in _RETAINING for g in groups):
+        # Sliding-window and Mamba groups then cache only the blocks that end
+        # a retention segment, each prompt's replay boundaries and
+        # shared-prefix junctions (vLLM's engines default to 0). Other kinds
+        # ignore it: their headers stay as they were.
+        extra["prefix_cache_retention_interval"] = int(retention)
+    if getattr(cache, "enable_mamba_shared_prefix_checkpoint", False):
+        extra["enable_mamba_shared_prefix_checkpoint"] = True
     dcp = int(getattr(scheduler, "dcp_world_size", 1) or 1)
     if dcp != 1:
         extra["dcp_world_size"] = dcp

@@ -91,8 +91,10 @@ def start_capture(scheduler, folder: str | None = None):
                            with_model=True)
         writer = SegmentWriter(session, header,
                                int(os.environ.get(ENV_MAX_EVENTS, "1000000")))
-        recorder = Recorder(writer, header.cache.hash_block_size, strict=False,
-                            free_queue_checkpoints=os.environ.get(ENV_FREE_QUEUE) == "1")
+        recorder = Recorder(
+            writer, header.cache.hash_block_size, strict=False,
+            free_queue_checkpoints=os.environ.get(ENV_FREE_QUEUE) == "1",
+            report_shared_prefix_boundary=header.cache.reports_shared_prefix_boundary)
         instrument(scheduler.kv_cache_manager, recorder)
         scheduler._kvconform_recorder = recorder
         # A server killed without shutdown still closes its part on exit.

@@ -59,9 +59,11 @@ class FinishLoad:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The request finished or was aborted: its blocks are freed."""
+    """The request finished or was aborted: its blocks are freed. A KV
+    producer first takes its prompt-tail states (`finalize`, Mamba "align")."""
 
     req: int
+    finalize: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,14 @@ Every template is a configuration vLLM itself would build: cross attention
 only with prefix caching off (encoder-decoder models disable it), Mamba in
 "align" mode with caching and "none" mode without, chunked local attention
 only next to groups of its own block size, context parallelism only for the
-kinds that support it.
+kinds that support it, Mamba prefill checkpoints in "align" mode only, a
+retention interval on a multiple of the scheduler block size.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from harness.cache_config import CacheConfig, GroupConfig
 
@@ -30,21 +32,30 @@ TEMPLATES = (
     "circular_buffer",
     "rswa",
     "sparse_mla",
+    "mamba_speculative",
+    "mamba_checkpoints",
+    "retention",
 )
 
 
-# The profile flags (impl/profiles.py) a template's groups need.
+# The profile flags (impl/profiles.py) a template's groups need: a release
+# without them refuses the template's configs.
 TEMPLATE_NEEDS = {
     "circular_buffer": ("circular_buffer_groups",),
     "rswa": ("rswa_groups",),
     "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
+    "mamba_checkpoints": ("mamba_prefill_checkpoints",),
+    "retention": ("prefix_cache_retention",),
 }
+
+
+def template_supported(kind: str, profile) -> bool:
+    return all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(kind, ()))
 
 
 def templates_for(profile) -> tuple[str, ...]:
     """The templates whose groups the release of `profile` has."""
-    return tuple(t for t in TEMPLATES
-                 if all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(t, ())))
+    return tuple(t for t in TEMPLATES if template_supported(t, profile))
 
 
 def _window(rng: random.Random, bs: int) -> int:
@@ -122,6 +133,28 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
         if rng.random() < 0.3:
             groups.append(GroupConfig(bs, "circular_buffer"))
         return tuple(groups), {}
+    if kind == "mamba_speculative":
+        # MTP / EAGLE models: scratch blocks for the draft tokens' states,
+        # alone or next to attention, "align" with caching, "none" without.
+        mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 2, 3)))
+        if rng.random() < 0.3:
+            return (mamba,), {}
+        return (full, mamba), _fine_hash(rng, bs, caching)
+    if kind == "mamba_checkpoints":
+        # Qwen3-Next-like with a backend that exports a state inside a prefill
+        # chunk; "align" needs prefix caching.
+        mamba = GroupConfig(bs, "mamba", num_prefill_checkpoint_blocks=1,
+                            prefill_checkpoint_alignment=rng.choice((1, 1, 2, 4)),
+                            num_speculative_blocks=rng.choice((0, 0, 1, 2)))
+        return (full, mamba), {"enable_caching": True, **_fine_hash(rng, bs, True)}
+    if kind == "retention":
+        # Sparse checkpoints (vLLM's engine default is 0): sliding-window
+        # models, alone or Gemma-like, and Mamba hybrids, some with
+        # checkpoint blocks.
+        shape = rng.choice(("sliding_window", "hybrid_sliding_window", "hybrid_mamba",
+                            "mamba_checkpoints"))
+        groups, extra = draw_groups(shape, rng, bs, caching)
+        return groups, {**extra, "enable_caching": True}
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
 
 
@@ -143,6 +176,14 @@ def _draw_circular_buffer(rng: random.Random, bs: int, caching: bool
     return tuple(groups), extra
 
 
+def _fine_hash(rng: random.Random, bs: int, caching: bool) -> dict:
+    """Sometimes a prefix_match_unit below the block (hits inside blocks)."""
+    if caching and bs > 1 and rng.random() < 0.5:
+        return {"prefix_match_unit": rng.choice([d for d in (1, 2, 4, 8) if d < bs
+                                                 and bs % d == 0])}
+    return {}
+
+
 def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
                       hash_algo: str, hash_seed: str, caching: bool,
                       max_model_len: int) -> CacheConfig:
@@ -160,4 +201,9 @@ def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
     ):
         # A small in-flight budget makes the recycling kinds' admission cap bite.
         fields["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs + 1))
-    return CacheConfig(**fields)
+    config = CacheConfig(**fields)
+    if kind == "retention":
+        # 0 (vLLM's engine default) or a few scheduler blocks.
+        interval = rng.choice((0, 0, 1, 2, 4)) * config.scheduler_block_size
+        config = replace(config, prefix_cache_retention_interval=interval)
+    return config

@@ -16,10 +16,13 @@
   tokens at each admission;
 - with a Mamba group in "align" mode a prefill chunk ends where the scheduler
   would end it (`_mamba_block_aligned_split`): at block boundaries, the last
-  cacheable boundary and the prompt's partial-hit boundary;
-- the copy-on-write copies allocations queue (hits inside blocks) are drained
-  before each step boundary, as the scheduler drains them at the end of each
-  schedule pass.
+  cacheable boundary and the prompt's partial-hit boundary, unless the chunk
+  exports a prefill checkpoint into a reserved block; in configs that report
+  it, also at the shared-prefix junction a lookup found (floored to a block);
+- the copy-on-write copies allocations queue (hits inside blocks) and the
+  Mamba boundary states offered to a connector are drained before each step
+  boundary, as the scheduler drains them at the end of each schedule pass; a
+  finishing request may first hand over its prompt tails (a KV producer).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from harness.events import (
     Checkpoint,
     Event,
     EvictBlocks,
+    FinalizePartialTailOffloads,
     Free,
     Lookup,
     LoRA,
@@ -45,6 +49,7 @@ from harness.events import (
     ResetPrefixCache,
     Step,
     TakeBlockCopies,
+    TakeBoundaryStateOffloads,
 )
 from harness.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
@@ -61,6 +66,10 @@ from harness.fuzz.actions import (
     StepBoundary,
 )
 from harness.lockstep import run_event
+from impl.mamba_checkpoint import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 
@@ -117,12 +126,22 @@ class Driver:
         self.mamba_block_size = next(
             (g.block_size for g in config.groups
              if g.kind == "mamba" and config.mamba_cache_mode(g) == "align"), None)
+        # Boundary states offered to a connector (Mamba "align", 0.29+).
+        self.drain_offers = (self.mamba_block_size is not None
+                             and profile.boundary_state_offloads)
         if self.mamba_block_size is not None:
             self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
             self.mamba_partial_hits = (
                 self.hash_block_size < self.scheduler_block_size
                 and config.fine_grained_hits(profile)
             )
+            mambas = [g for g in config.groups if g.kind == "mamba"]
+            # The scheduler exports checkpoints only when every Mamba group
+            # has a block for them, at the first group's alignment.
+            self.checkpoint_alignment = (
+                mambas[0].prefill_checkpoint_alignment
+                if all(g.num_prefill_checkpoint_blocks for g in mambas) else None)
+            self.follow_junctions = config.reports_shared_prefix_boundary
 
     def call(self, event: Event) -> dict | None:
         """Run one event everywhere; None once failed."""
@@ -180,6 +199,9 @@ class Driver:
             r.status = _Status.WAITING
         elif isinstance(a, Finish):
             if self.reqs.pop(a.req, None) is not None:
+                if a.finalize and self.drain_offers and call(
+                        FinalizePartialTailOffloads(f"r{a.req}")) is None:
+                    return
                 call(Free(f"r{a.req}"))
         elif isinstance(a, Preempt):
             r = self.reqs.get(a.req)
@@ -196,35 +218,56 @@ class Driver:
         elif isinstance(a, StepBoundary):
             if self.drain_copies and call(TakeBlockCopies()) is None:
                 return
+            if self.drain_offers and call(TakeBoundaryStateOffloads()) is None:
+                return
             call(Step())
         elif isinstance(a, Observe):
             call(Checkpoint())
 
-    def _mamba_split(self, r: _Req, start: int, num_new: int) -> int:
+    def _mamba_split(self, r: _Req, start: int, num_new: int, junction: int = 0) -> int:
         """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
-        (no prefill checkpoint blocks, no EAGLE, no shared-prefix junctions):
-        Mamba states are written at chunk ends, so chunks end on block
-        boundaries, at the last cacheable boundary and, with hits inside
-        blocks, at the prompt's last hash boundary."""
+        (no EAGLE, no shared-prefix checkpoints): Mamba states are written at
+        chunk ends, so chunks end on block boundaries, at the last cacheable
+        boundary and, with hits inside blocks, at the prompt's last hash
+        boundary; a chunk whose checkpoint a backend exports into a reserved
+        block needs neither of the latter two. `junction`: a shared-prefix
+        boundary the chunk stops at (floored to whole blocks from its start)."""
         if self.mamba_block_size is None:
             return num_new
         prefill_end = max(r.num_prompt, r.num_tokens - 1)
         if start >= prefill_end:
             return num_new
         bs = self.mamba_block_size
-        last_cache_position = max((r.num_tokens - 1) // bs * bs, 0)
+        hbs = self.hash_block_size
         end = start + num_new
+        exported = end >= prefill_end and is_mamba_prefill_checkpoint_valid(
+            start, end,
+            get_mamba_prefill_checkpoint_position(
+                prefill_end, hbs if self.mamba_partial_hits else self.scheduler_block_size,
+                False),
+            hbs, bs, self.checkpoint_alignment)
+        last_cache_position = 0 if exported else max((r.num_tokens - 1) // bs * bs, 0)
         if end < prefill_end:
             end = end // bs * bs
-        hbs = self.hash_block_size
-        tail = max((r.num_prompt - 1) // hbs * hbs, 0) if self.mamba_partial_hits else 0
+        tail = 0
+        if self.mamba_partial_hits and not exported:
+            tail = max((r.num_prompt - 1) // hbs * hbs, 0)
+        junction_stop = start + (junction - start) // bs * bs
         stops = (
-            (start // bs + 1) * bs if start % bs else 0,
+            (start // bs + 1) * bs if start % bs and not exported else 0,
             last_cache_position,
             tail if last_cache_position < tail < r.num_prompt else 0,
+            junction_stop if start < junction < end else 0,
         )
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
+
+    def _junction(self, req: str) -> int:
+        """The shared-prefix boundary the reference's last lookup gave `req`."""
+        if self.mamba_block_size is None or not self.follow_junctions:
+            return 0
+        request = self.reference.requests.get(req)
+        return getattr(request, "shared_prefix_boundary", 0) or 0
 
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)
@@ -233,7 +276,7 @@ class Driver:
         req = f"r{a.req}"
         if r.status is _Status.RUNNING:
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
-            num_new = self._mamba_split(r, r.num_computed, num_new)
+            num_new = self._mamba_split(r, r.num_computed, num_new, self._junction(req))
             if num_new < 1:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead))
@@ -249,7 +292,7 @@ class Driver:
         if r.num_computed > 0:
             # Loaded by a connector: no lookup; schedule the rest.
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
-            num_new = self._mamba_split(r, r.num_computed, num_new)
+            num_new = self._mamba_split(r, r.num_computed, num_new, self._junction(req))
             if num_new < 1:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
@@ -268,7 +311,8 @@ class Driver:
             num_new, delay = 0, True
         else:
             num_new, delay = min(a.num_new_tokens, remaining - external), False
-            num_new = self._mamba_split(r, hit + max(external, 0), num_new)
+            num_new = self._mamba_split(r, hit + max(external, 0), num_new,
+                                        self._junction(req))
             if num_new < 1:
                 return  # not scheduled this step; the hit is looked up again
         answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,

@@ -30,6 +30,9 @@ from harness.fuzz.actions import (
 from harness.fuzz.configs import TEMPLATES, draw_cache_config
 from impl.block_hash import HASH_FUNCTIONS
 
+# Templates whose finishing requests may be KV producers (Mamba prompt tails).
+FINALIZING = ("mamba_speculative", "mamba_checkpoints", "retention")
+
 
 @dataclass(frozen=True, slots=True)
 class FuzzConfig:
@@ -78,12 +81,17 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
     hash_seed = str(rng.randrange(1000))
     caching = rng.random() < fc.p_caching
     if fc.kinds == ("full_attention",):
+        template = "full_attention"
         config = CacheConfig(num_blocks=num_blocks, groups=(GroupConfig(bs),),
                              hash_algo=hash_algo, hash_seed=hash_seed,
                              enable_caching=caching, max_model_len=1 << 14)
     else:
-        config = draw_cache_config(rng.choice(fc.kinds), rng, bs, num_blocks, hash_algo,
+        template = rng.choice(fc.kinds)
+        config = draw_cache_config(template, rng, bs, num_blocks, hash_algo,
                                    hash_seed, caching, 1 << 14)
+    # Finishing requests hand a connector their Mamba prompt tails (the
+    # templates made for it only: others keep their programs).
+    finalizing = template in FINALIZING
     kinds = {g.kind for g in config.groups}
     # Encoder-decoder models and Mamba state take no connector (external) KV.
     no_external = bool(kinds & {"cross_attention", "mamba"})
@@ -137,7 +145,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
             n = rng.choice((1, 1, 1, 2, bs, 3))
             actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
         elif kind == "finish":
-            actions.append(Finish(some_req()))
+            actions.append(Finish(some_req(), finalize=finalizing and rng.random() < 0.5))
         elif kind == "preempt":
             actions.append(Preempt(some_req()))
         elif kind == "finish_load":

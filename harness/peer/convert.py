@@ -102,8 +102,6 @@ def to_impl_spec(spec):
         )
     if isinstance(spec, v.MambaSpec):
         _defaults_only(spec, {
-            "num_prefill_checkpoint_blocks": F.MAMBA_CHECKPOINTS,
-            "prefill_checkpoint_alignment": F.MAMBA_CHECKPOINTS,
             "num_heads": F.MAMBA_TP_REPLICATED,
             "tokens_per_state": F.MAMBA_TP_REPLICATED,
             "tp_replicated": F.MAMBA_TP_REPLICATED,
@@ -117,6 +115,8 @@ def to_impl_spec(spec):
             mamba_cache_mode=spec.mamba_cache_mode,
             num_speculative_blocks=spec.num_speculative_blocks,
             block_stride_alignment=_stride_alignment(spec),
+            num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
@@ -182,15 +182,15 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
     """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
     plan is the sizing's output, not the manager's input)."""
     with Checks() as checks:
-        checks.require(config.prefix_cache_retention_interval is None, F.RETENTION,
-                       f"prefix_cache_retention_interval={config.prefix_cache_retention_interval}")
         checks.require(config.hisparse_host_num_blocks is None, F.HISPARSE,
                        "hisparse_host_num_blocks")
         checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
         checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
                        f"kv_tp_replicas={config.kv_tp_replicas}")
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
-    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
+    return ispec.KVCacheConfig(
+        num_blocks=config.num_blocks, kv_cache_groups=groups,
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval)
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:
@@ -244,8 +244,6 @@ def to_impl_request(request) -> ireq.Request:
         raise ImplLacks("request status", vstatus.name)
     require(getattr(request, "kv_cache_report_mode", "incremental") != "full",
             F.REPORT_MODE_FULL)
-    require(not getattr(request, "shared_prefix_boundary", 0), F.RETENTION,
-            "Request.shared_prefix_boundary")
     if mirror is None:
         embeds, row = _embeds(request)
         mirror = ireq.Request(
@@ -268,6 +266,7 @@ def to_impl_request(request) -> ireq.Request:
     mirror.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
     mirror.num_preemptions = getattr(request, "num_preemptions", 0)
     mirror.status = status
+    mirror.shared_prefix_boundary = getattr(request, "shared_prefix_boundary", 0)
     mirror.block_hashes = request.block_hashes
     return mirror
 

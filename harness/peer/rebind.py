@@ -5,7 +5,12 @@ global that *is* one of the vLLM objects in `table()` is replaced by its
 adapter, and every global that is one of vLLM's KV-cache modules (imported as
 `import vllm.v1.core.kv_cache_utils as kv_cache_utils`) by a proxy module
 that serves the adapters for those names and vLLM's module for the rest.
-vLLM itself is left alone: its own modules keep calling vLLM.
+vLLM itself is left alone: its own modules keep calling vLLM, with one
+exception (`rebind_vllm_callers`): the two Mamba checkpoint helpers of the KV
+cache interface that vLLM's Scheduler and model runner import (pure token
+arithmetic: where a prefill chunk ends, which column a checkpoint is exported
+to) are impl's there too, so the tests driving those check impl's arithmetic
+instead of reading answers from vLLM's KV cache code.
 """
 
 from __future__ import annotations
@@ -54,7 +59,32 @@ def _entries():
 
     for name in sizing.INTERFACE_REBOUND:
         pairs.append((getattr(vki, name), getattr(sizing, name)))
+    # Mamba prefill checkpoint helpers: impl's own, same signature.
+    import impl.mamba_checkpoint as imc
+
+    for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
+        pairs.append((getattr(vki, name), getattr(imc, name)))
     return pairs
+
+
+# (vLLM module, name) whose global is impl's helper in the impl run.
+_CALLER_HELPERS = (
+    ("vllm.v1.core.sched.scheduler", "get_mamba_prefill_checkpoint_position"),
+    ("vllm.v1.core.sched.scheduler", "is_mamba_prefill_checkpoint_valid"),
+    ("vllm.model_executor.layers.mamba.checkpoint", "get_mamba_prefill_checkpoint_position"),
+    ("vllm.model_executor.layers.mamba.checkpoint", "is_mamba_prefill_checkpoint_valid"),
+)
+
+
+def rebind_vllm_callers() -> None:
+    """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
+    import importlib
+
+    import impl.mamba_checkpoint as imc
+
+    for module_name, name in _CALLER_HELPERS:
+        module = importlib.import_module(module_name)
+        setattr(module, name, getattr(imc, name))
 
 
 def table() -> dict[int, tuple[object, object]]:

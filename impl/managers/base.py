@@ -24,6 +24,10 @@ BlockTable = BlockList
 CopyPair = tuple[KVCacheBlock, KVCacheBlock]
 # One list of hit blocks per group looked up together, and the hit's length.
 HitResult = tuple[tuple[BlockTable, ...], int]
+# A retention interval in tokens (None: dense, §9.2.1).
+Interval = int | None
+# A finishing producer's prompt-tail state: (group, block, boundary tokens).
+TailOffer = tuple[int, KVCacheBlock, int]
 
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,
@@ -83,6 +87,9 @@ class SingleTypeKVCacheManager:
         self._copy_due: dict[str, tuple[int, KVCacheBlock]] = {}
         # (source, copy) pairs whose copy the worker still has to make.
         self._copies: list[CopyPair] = []
+        # Whether this group's hits drop EAGLE's last matched block (the
+        # coordinator sets it for draft-model groups).
+        self.use_eagle = False
 
     # -- how many blocks ----------------------------------------------------------
 
@@ -208,8 +215,11 @@ class SingleTypeKVCacheManager:
 
     # -- keying -------------------------------------------------------------------------
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Key the blocks the first `num_tokens` tokens fill."""
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval: Interval = None,
+                     replay_boundaries: Sequence[int] = ()) -> None:
+        """Key the blocks the first `num_tokens` tokens fill (those a later hit
+        can use; `retention_interval` and `replay_boundaries` thin out the
+        sparse kinds, §9.2.1)."""
         if not self._cacheable:
             return
         request_id = request.request_id
@@ -219,12 +229,41 @@ class SingleTypeKVCacheManager:
             return
         self.block_pool.cache_full_blocks(
             request, self.req_to_blocks[request_id], done, full, self.block_size,
-            self.kv_cache_group_id, self.reachable_block_mask(done, full),
+            self.kv_cache_group_id,
+            self._block_mask(request, done, full, retention_interval, replay_boundaries),
         )
         self.num_cached_block[request_id] = full
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of blocks [start, end) some later hit could use; None: all."""
+    def _block_mask(self, request: Request, start: int, end: int, retention_interval: Interval,
+                    replay_boundaries: Sequence[int]) -> list[bool] | None:
+        """This group's reachability mask for blocks [start, end) of a request:
+        its replay boundaries and, when known, where it stops sharing a
+        prefix with cached siblings."""
+        junction = request.shared_prefix_boundary
+        boundaries = [*replay_boundaries, junction] if junction else list(replay_boundaries)
+        return type(self).reachable_block_mask(
+            start, end, self.cache_hit_alignment_tokens, self.kv_cache_spec, self.use_eagle,
+            retention_interval, boundaries, self.dcp_world_size)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block: int, end_block: int, alignment_tokens: int | None,
+                             kv_cache_spec: KVCacheSpec, use_eagle: bool,
+                             retention_interval: Interval = None,
+                             reachable_boundaries: Sequence[int] = (), dcp_world_size: int = 1,
+                             final_segment_end_block: int | None = None) -> list[bool] | None:
+        """Which of blocks [start_block, end_block) some later hit can use;
+        None: all of them (every dense kind)."""
+        return None
+
+    # -- boundary states for KV connectors (Mamba "align" only, §9.4.3) -----------------
+
+    def take_pending_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
+        """(request, group, block, boundary tokens) offered since the last call."""
+        return []
+
+    def finalize_partial_tail_offload(self, request_id: str, num_computed_tokens: int,
+                                      num_in_flight_tokens: int) -> TailOffer | None:
+        """A finishing producer's prompt-tail state: (group, block, boundary)."""
         return None
 
     # -- releasing ------------------------------------------------------------------------

@@ -23,7 +23,8 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
                                           num_external_computed_tokens: int) -> None:
         """Connectors do not load encoder output."""
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval=None,
+                     replay_boundaries=()) -> None:
         raise ValueError("cross-attention blocks are private to their request; "
                          "nothing of them is ever keyed")
 

@@ -17,7 +17,12 @@ from impl.block_hash_view import (
 )
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager, effective_block_size
+from impl.managers.base import (
+    HitResult,
+    Interval,
+    SingleTypeKVCacheManager,
+    effective_block_size,
+)
 from impl.math_utils import cdiv
 from impl.request import Request
 
@@ -77,8 +82,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del blocks[keep:]
         return groups, length
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        # The shared method, inlined: each decode step of each request ends here.
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval: Interval = None,
+                     replay_boundaries: Sequence[int] = ()) -> None:
+        # The shared method, inlined: each decode step of each request ends
+        # here. Every block stays reachable, whatever the retention.
         request_id = request.request_id
         done = self.num_cached_block.get(request_id, 0)
         full = num_tokens // self.block_size

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from impl.block_hash_view import resolve_block_hashes
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager
+from impl.managers.base import HitResult, Interval, SingleTypeKVCacheManager
 from impl.math_utils import cdiv
 
 
@@ -71,20 +71,58 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                        for g in range(len(kv_cache_group_ids)))
         return groups, (start + len(run)) * size
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """0.32 keys only the blocks ending each aligned segment that a hit at
-        the segment's end needs; the ones before them can never be hit."""
+    def _block_mask(self, request, start, end, retention_interval, replay_boundaries):
         if not self._profile.sliding_window_sparse_caching:
+            return None  # 0.17 keys every full block
+        return super()._block_mask(request, start, end, retention_interval, replay_boundaries)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block: int, end_block: int, alignment_tokens: int | None,
+                             kv_cache_spec: KVCacheSpec, use_eagle: bool,
+                             retention_interval: Interval = None,
+                             reachable_boundaries: Sequence[int] = (), dcp_world_size: int = 1,
+                             final_segment_end_block: int | None = None) -> list[bool] | None:
+        """A hit at a boundary needs only the window's tail before it (one
+        block more under EAGLE, whose hit runs a block past the boundary and
+        drops it), so only such tails are keyed: at the end of every segment
+        (the alignment when dense, the retention interval when sparse) and
+        before every reachable boundary when sparse. None: all blocks."""
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise AssertionError(f"a sliding-window mask for a {type(kv_cache_spec).__name__}")
+        if alignment_tokens is None:
             return None
-        alignment = self.cache_hit_alignment_tokens
-        size = self.kv_cache_spec.block_size * self.dcp_world_size
-        if alignment % size:
+        size = kv_cache_spec.block_size * dcp_world_size
+        if alignment_tokens % size:
+            # A boundary inside a block cannot be told apart block by block:
+            # keep everything rather than lose a reachable tail.
             return None
-        need = blocks_before_hit_end(self.sliding_window, size)
-        per_segment = alignment // size
-        if need >= per_segment:
-            return None
-        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size) + use_eagle
+        shift = 1 if use_eagle else 0
+        keep = [False] * (end_block - start_block)
+        segment = alignment_tokens if retention_interval is None else retention_interval
+        if segment:
+            per_segment = segment // size
+            if need >= per_segment:
+                return None
+            first_kept = per_segment - need
+            for i in range(max(start_block, shift), end_block):
+                if (i - shift) % per_segment >= first_kept:
+                    keep[i - start_block] = True
+            if not use_eagle and final_segment_end_block is not None:
+                # A request's last segment may stop short; its tail is reachable too.
+                partial = final_segment_end_block % per_segment
+                if partial:
+                    low = max(final_segment_end_block - partial, final_segment_end_block - need,
+                              start_block)
+                    for i in range(low, min(end_block, final_segment_end_block)):
+                        keep[i - start_block] = True
+        if retention_interval is not None:
+            for boundary in reachable_boundaries:
+                edge = boundary - boundary % alignment_tokens
+                stop = edge // size + shift
+                for i in range(max(start_block, stop - need), min(end_block, stop)):
+                    keep[i - start_block] = True
+        return keep
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """With window 4 and 7 tokens computed, the next token (7) reads 4..7,

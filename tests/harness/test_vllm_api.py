@@ -65,6 +65,11 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
     coordinator_passes_zeroing = "needs_kv_cache_zeroing=" in (
         core / "kv_cache_coordinator.py").read_text()
     sizing = root / Path(*api.sizing_module.split(".")).with_suffix(".py")
+    interface = (root / "vllm" / "v1" / "kv_cache_interface.py").read_text()
+    coordinator = (core / "kv_cache_coordinator.py").read_text()
+    retention_from = ("kv_cache_config" if "prefix_cache_retention_interval" in interface
+                      else "env" if "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in coordinator
+                      else None)
     seen = {
         "manager_takes_scheduler_block_size": "scheduler_block_size" in init,
         "in_flight_tokens_arg": next((a for a in ("max_num_batched_tokens",
@@ -80,6 +85,11 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         and "needs_kv_cache_zeroing" not in sink,
         "sizing_module": api.sizing_module if sizing.exists()
         and "\ndef get_kv_cache_groups(" in sizing.read_text() else None,
+        "retention_interval_from": retention_from,
+        "mamba_spec_takes_checkpoints": "num_prefill_checkpoint_blocks" in interface,
+        "has_boundary_state_offloads": "take_boundary_state_offloads" in manager,
+        "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
+        "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
     }
     return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
             if getattr(api, k) != v]

@@ -93,7 +93,7 @@ def test_a_ring_takes_no_part_in_hits_or_the_hash_block():
     m.allocate_slots(a, 16)
     a.num_computed_tokens = 16
     b = request("b", [*range(16), 99])
-    blocks, hit = m.get_computed_blocks(b)
+    blocks, hit, _ = m.get_computed_blocks(b)
     assert hit == 16 and blocks.get_block_ids() == ([1, 2, 3, 4, 5, 6, 7, 8], [])
 
 

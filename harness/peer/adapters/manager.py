@@ -6,7 +6,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap
-from harness.peer.lacks import Checks, ImplLacks, NotFromImpl, require
+from harness.peer.lacks import Checks, ImplLacks, require
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -31,8 +31,6 @@ class KVCacheManager(Adapter):
             checks.require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
                            f"num_prefill_lookahead={num_prefill_lookahead}")
             checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
-            checks.require(not enable_mamba_shared_prefix_checkpoint, F.RETENTION,
-                           "enable_mamba_shared_prefix_checkpoint")
             config = checks.run(convert.to_impl_config, kv_cache_config)
         if watermark < 0:
             raise AssertionError("watermark must be non-negative")
@@ -50,6 +48,7 @@ class KVCacheManager(Adapter):
             pcp_world_size=pcp_world_size,
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=max_in_flight_tokens,
+            enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
         )
         object.__setattr__(self, "_impl", impl)
         # The test's own input, as vLLM keeps it (impl keeps its converted copy).
@@ -60,8 +59,7 @@ class KVCacheManager(Adapter):
     use_eagle = False
 
     def get_computed_blocks(self, request):
-        blocks, num_hits = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
-        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION)
+        return unwrap(self).get_computed_blocks(convert.to_impl_request(request))
 
     def get_computed_blocks_for_connector(self, request):
         raise ImplLacks(F.CONNECTOR_LOOKUP)
@@ -104,11 +102,8 @@ class KVCacheManager(Adapter):
     def record_blocks_for_zeroing(self, request_id, start_token):
         raise ImplLacks(F.ZEROING, "KVCacheManager.record_blocks_for_zeroing")
 
-    def take_boundary_state_offloads(self):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.take_boundary_state_offloads")
-
     def finalize_partial_tail_offloads(self, request):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.finalize_partial_tail_offloads")
+        return unwrap(self).finalize_partial_tail_offloads(convert.to_impl_request(request))
 
     def take_kv_cache_block_copies(self):
         copies, retained = unwrap(self).take_kv_cache_block_copies()
@@ -120,14 +115,15 @@ class KVCacheCoordinator(Adapter):
     """The coordinator as tests read it through `manager.coordinator`."""
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        blocks, num_hits = unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
-        return blocks, num_hits, NotFromImpl("num_uncached_common_prefix_tokens", F.RETENTION)
-
-    def _no_retention(self, *_value):
-        raise ImplLacks(F.RETENTION, "coordinator.retention_interval")
-
-    retention_interval = property(_no_retention, _no_retention)
+        return unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
 
     @property
     def eagle_group_ids(self):
         raise ImplLacks(F.EAGLE, "coordinator.eagle_group_ids")
+
+
+# One adapter class per coordinator kind, under vLLM's class names (tests
+# check which kind a config gets).
+for _kind in (icoord.KVCacheCoordinatorNoPrefixCache, icoord.UnitaryKVCacheCoordinator,
+              icoord.HybridKVCacheCoordinator):
+    register(_kind)(type(_kind.__name__, (KVCacheCoordinator,), {}))

@@ -8,8 +8,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
-from harness.peer.lacks import ImplLacks, MissingImplAPI, require
-from impl import kv_cache_sizing as isizing
+from harness.peer.lacks import ImplLacks, require
 from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
@@ -50,32 +49,27 @@ class _Manager(Adapter):
                                dcp_world_size=1, pcp_world_size=1):
         require(not drop_eagle_block, F.EAGLE, "find_longest_cache_hit(drop_eagle_block=True)")
         spec = convert.to_impl_spec(kv_cache_spec)
-        # impl takes the group's block size in tokens (scaled where DCP shards).
-        block_size = isizing.resolve_dcp_block_size(spec, dcp_world_size)
-        impl_cls = cls._impl_cls
-        blocks, num_tokens = impl_cls.find_longest_cache_hit(
+        blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
-            alignment_tokens, block_size, dcp_world_size,
+            alignment_tokens, dcp_world_size, pcp_world_size,
         )
         return blocks, num_tokens
 
     @classmethod
-    def reachable_block_mask(cls, *args, **kwargs):
-        raise MissingImplAPI(cls.__name__, "reachable_block_mask (classmethod with spec)")
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec,
+                             use_eagle, retention_interval=None, reachable_boundaries=(),
+                             dcp_world_size=1, final_segment_end_block=None):
+        return cls._impl_cls.reachable_block_mask(
+            start_block, end_block, alignment_tokens, convert.to_impl_spec(kv_cache_spec),
+            use_eagle, retention_interval, tuple(reachable_boundaries), dcp_world_size,
+            final_segment_end_block)
 
     def cache_blocks(self, request, num_tokens, retention_interval=None, *,
                      replay_boundaries=()):
-        require(retention_interval is None, F.RETENTION, f"retention_interval={retention_interval}")
         impl = unwrap(self)
         # Through the class: a test may have replaced the method on the object.
-        method = type(impl).cache_blocks
-        extra = {}
-        if replay_boundaries:
-            require(_takes(method, "replay_boundaries"), F.REPLAY_BOUNDARIES)
-            extra["replay_boundaries"] = tuple(replay_boundaries)
-        if convert.is_vllm_request(request):
-            request = convert.to_impl_request(request)
-        method(impl, request, num_tokens, **extra)
+        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens,
+                                retention_interval, tuple(replay_boundaries))
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):
@@ -108,11 +102,17 @@ class _Manager(Adapter):
             raise ImplLacks(F.ZEROING, "records_new_block_ids")
         return impl.records_new_block_ids
 
-    def take_pending_boundary_state_offloads(self):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "take_pending_boundary_state_offloads")
+    # vLLM's private names for state impl keeps under its own names: the
+    # tests read them (checkpoint reservations, first allocations, moving a
+    # scratch block).
+    _PRIVATE = {
+        "_checkpoints": "prefill_checkpoints",
+        "_allocated_block_reqs": "allocated_requests",
+        "_relocate_speculative_block": "relocate_speculative_block",
+    }
 
-    def finalize_partial_tail_offload(self, *args, **kwargs):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "finalize_partial_tail_offload")
+    def __getattr__(self, name):
+        return Adapter.__getattr__(self, self._PRIVATE.get(name, name))
 
 
 def _manager(impl_cls, name):

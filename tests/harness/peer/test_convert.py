@@ -28,9 +28,16 @@ def test_a_spec_field_impl_cannot_express_raises_the_feature():
     from harness.peer.lacks import ImplLacks
 
     spec = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,),
-                     mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
-    with pytest.raises(ImplLacks, match="Mamba prefill checkpoints"):
+                     mamba_cache_mode="align", tp_replicated=True)
+    with pytest.raises(ImplLacks, match="Mamba tp_replicated"):
         convert.to_impl_spec(spec)
+    # Prefill checkpoint blocks are impl's too now.
+    checkpoints = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,),
+                            mamba_cache_mode="align", num_prefill_checkpoint_blocks=1,
+                            prefill_checkpoint_alignment=16)
+    converted = convert.to_impl_spec(checkpoints)
+    assert (converted.num_prefill_checkpoint_blocks,
+            converted.prefill_checkpoint_alignment) == (1, 16)
 
 
 def test_not_from_impl_refuses_every_use():
