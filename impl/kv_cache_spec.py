@@ -13,6 +13,7 @@ FullAttentionSpecs.
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -121,13 +122,32 @@ class MambaSpec(KVCacheSpec):
     num_speculative_blocks: int = 0  # room for draft tokens' states
 
 
+class KVCacheGroupRole(Enum):
+    """The part a group plays besides its spec (HiSparse, spec §14). The values
+    are vLLM's; a group without a role is an ordinary one."""
+
+    DEFAULT, HISPARSE_SOURCE, HISPARSE_INDEXER = "default", "hisparse_source", "hisparse_indexer"
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
+    """Layers that share one block table, served by one single-type manager."""
+
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # HiSparse only: the source group (its blocks are host blocks, its manager
+    # publishes them once durable) and the indexer group; None elsewhere.
+    role: KVCacheGroupRole | None = None
+    host_resident: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheConfig:
+    """What a KV cache manager is built from: the device pool's size (null
+    block included) and the groups drawing from it."""
+
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = field(default_factory=tuple)
+    # How many blocks HiSparse's host pool has, null block included; only a
+    # model with a HiSparse source group has one.
+    hisparse_host_num_blocks: int | None = None
