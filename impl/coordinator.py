@@ -375,6 +375,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return tuple([] if blocks is None else blocks for blocks in found), agreed
 
 
+    def find_longest_cache_hit_per_group(self, block_hashes, max_cache_hit_length
+                                         ) -> tuple[tuple[BlockTable, ...], tuple[int, ...]]:
+        """Each kind's own longest hit, not reconciled with the others (a
+        connector bounds what it may load by the groups it does not load):
+        blocks and hit length per group; nothing for groups not looked up."""
+        managers = self.single_type_managers
+        blocks: list[BlockTable] = [[] for _ in managers]
+        lengths = [0] * len(managers)
+        for batch in self.attention_groups:
+            lead = managers[batch.group_ids[0]]
+            found, length = batch.manager_cls.find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, batch.group_ids, lead.block_pool, batch.spec,
+                self.alignment_tokens, lead.dcp_world_size, lead.pcp_world_size)
+            for group_id, group_blocks in zip(batch.group_ids, found):
+                blocks[group_id], lengths[group_id] = group_blocks, length
+        return tuple(blocks), tuple(lengths)
+
+
 def managers_pool(coordinator: KVCacheCoordinator, batch: SpecGroup) -> BlockPool:
     """The pool a batch of groups is looked up in (HiSparse's host group has its own)."""
     return coordinator.single_type_managers[batch.group_ids[0]].block_pool

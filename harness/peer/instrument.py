@@ -28,6 +28,9 @@ VLLM_KV_MODULES = (
     "vllm.v1.core.kv_cache_utils",
     "vllm.v1.core.kv_cache_metrics",
     "vllm.v1.kv_cache_interface",
+    "vllm.v1.hisparse.coordinator",
+    "vllm.v1.hisparse.layout",
+    "vllm.v1.hisparse.block_pool",
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]

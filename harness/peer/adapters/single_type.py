@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
+from harness.peer.adapters.base import ADAPTER_FOR, Adapter, UnwrappingDict, register, unwrap
 from harness.peer.lacks import ImplLacks, MissingImplAPI, require
 from impl import kv_cache_sizing as isizing
 from impl import managers as imanagers
@@ -14,6 +14,7 @@ from impl.managers import (
     chunked_local,
     cross_attention,
     full_attention,
+    hisparse,
     mamba,
     sink_full_attention,
     sliding_window,
@@ -80,6 +81,16 @@ class _Manager(Adapter):
         raise ImplLacks(F.ZEROING, "take_new_block_ids")
 
     @property
+    def req_to_blocks(self):
+        return UnwrappingDict(unwrap(self).req_to_blocks)
+
+    @property
+    def _partial_hit_reqs(self):
+        # vLLM's name for the hits ending inside a block that still owe their
+        # request a private copy (impl: _copy_due, the same (index, block)).
+        return UnwrappingDict(unwrap(self)._copy_due)
+
+    @property
     def records_new_block_ids(self):
         raise ImplLacks(F.ZEROING, "records_new_block_ids")
 
@@ -105,6 +116,9 @@ ChunkedLocalAttentionManager = _manager(chunked_local.ChunkedLocalAttentionManag
                                         "ChunkedLocalAttentionManager")
 MambaManager = _manager(mamba.MambaManager, "MambaManager")
 CrossAttentionManager = _manager(cross_attention.CrossAttentionManager, "CrossAttentionManager")
+HiSparseSourceManager = _manager(hisparse.HiSparseSourceManager, "HiSparseSourceManager")
+HiSparseHotManager = _manager(hisparse.HiSparseHotManager, "HiSparseHotManager")
+HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseResidentManager")
 
 
 class _Unsupported(_Manager):
@@ -121,9 +135,8 @@ RSWAManager = type("RSWAManager", (_Unsupported,), {"_feature": F.CIRCULAR_BUFFE
 
 def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model_len,
                                   role=None, **kwargs):
-    require(role is None, F.HISPARSE, f"manager role {role}")
     spec = convert.to_impl_spec(kv_cache_spec)
-    impl_cls = imanagers.manager_class_for(spec)
+    impl_cls = imanagers.manager_class_for(spec, convert.to_impl_role(role))
     kwargs.setdefault("max_admission_blocks_per_request",
                       imanagers.max_admission_blocks_per_request(
                           spec, max_in_flight_tokens, max_model_len))
