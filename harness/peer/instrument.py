@@ -34,6 +34,12 @@ VLLM_KV_MODULES = (
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]
+# Not counted: reads of what a spec or config *is* (its layers, whether it
+# takes part in prefix caching, its replay window), which vLLM's connectors and
+# Scheduler make on the test's own input. They answer nothing about the KV
+# cache; sizing answers (page sizes, memory use) stay counted.
+_DESCRIPTORS = {"prefix_cacheable", "prefix_replay_tokens", "iter_layer_specs",
+                "has_mamba_layers"}
 # Dunders worth counting: construction and the protocols tests drive.
 _DUNDERS = {"__init__", "__call__", "__iter__", "__len__", "__getitem__", "__post_init__"}
 
@@ -68,7 +74,7 @@ def _wrap_vllm_class(cls: type) -> None:
     if issubclass(cls, tuple) or getattr(cls, "__module__", "").startswith("enum"):
         return
     for name, attr in list(vars(cls).items()):
-        if name.startswith("__"):
+        if name.startswith("__") or name in _DESCRIPTORS:
             continue
         qual = f"{cls.__name__}.{name}"
         if isinstance(attr, staticmethod):
@@ -97,7 +103,7 @@ def install_vllm() -> None:
             if inspect.isclass(attr):
                 if not issubclass(attr, enum.Enum):
                     _wrap_vllm_class(attr)
-            elif inspect.isfunction(attr):
+            elif inspect.isfunction(attr) and name not in _DESCRIPTORS:
                 short = module_name.rsplit('.', 1)[1]
                 setattr(module, name, _counted_vllm(attr, f"{short}.{name}"))
     _vllm_installed[0] = True
