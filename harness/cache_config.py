@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    KVCacheGroupRole,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -27,13 +29,22 @@ KINDS = (
     "chunked_local_attention",
     "mamba",
     "cross_attention",
+    # HiSparse's device groups (specs/KV_CACHE_MANAGER.md §14; vLLM's events
+    # call both kinds "unknown", the trace names them).
+    "hisparse_resident",
+    "hisparse_hot",
 )
 # The field each kind requires besides block_size.
 KIND_FIELDS = {
     "sliding_window": "sliding_window",
     "chunked_local_attention": "attention_chunk_size",
     "sink_full_attention": "sink_len",
+    "hisparse_hot": "blocks_per_request",
 }
+# HiSparse group roles a full-attention group may play (the source group's
+# blocks are host blocks).
+ROLES = ("hisparse_source", "hisparse_indexer")
+HISPARSE_KINDS = ("hisparse_resident", "hisparse_hot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,8 @@ class GroupConfig:
     sink_len: int | None = None
     # "none" or "align"; None: as vLLM picks it ("align" with prefix caching).
     mamba_cache_mode: str | None = None
+    blocks_per_request: int | None = None  # hisparse_hot groups: the region's size
+    role: str | None = None  # full_attention groups of a HiSparse model: ROLES
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -59,6 +72,20 @@ class GroupConfig:
                 raise ValueError(f"{name} does not apply to a {self.kind} group")
         if self.mamba_cache_mode is not None and self.kind != "mamba":
             raise ValueError(f"mamba_cache_mode does not apply to a {self.kind} group")
+        if self.role is not None and (self.role not in ROLES or self.kind != "full_attention"):
+            raise ValueError(f"role {self.role!r} does not apply to a {self.kind} group "
+                             f"(full_attention groups may be {' or '.join(ROLES)})")
+
+    @property
+    def hisparse(self) -> bool:
+        """A group of a HiSparse model's own (a role or a HiSparse kind)."""
+        return self.role is not None or self.kind in HISPARSE_KINDS
+
+
+def hisparse_page_size(block_size: int) -> int:
+    """Bytes of a HiSparse page: the manager never reads it (the one float32
+    head of the other groups' specs)."""
+    return block_size * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +112,20 @@ class CacheConfig:
     # Tokens scheduled but not yet settled (caps sliding-window admission);
     # None: max_model_len, as vLLM's KVCacheManager defaults it.
     max_in_flight_tokens: int | None = None
+    # Blocks of HiSparse's host pool (null block included): required with a
+    # hisparse_source group, refused without one.
+    hisparse_host_num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        has_source = any(g.role == "hisparse_source" for g in self.groups)
+        if has_source != (self.hisparse_host_num_blocks is not None):
+            raise ValueError("hisparse_host_num_blocks goes with a hisparse_source group "
+                             "(both or neither)")
+
+    @property
+    def hisparse(self) -> bool:
+        """Whether the model has HiSparse groups (specs/KV_CACHE_MANAGER.md §14)."""
+        return any(g.hisparse for g in self.groups)
 
     @property
     def block_size(self) -> int:
@@ -114,8 +155,16 @@ class CacheConfig:
             return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size)
         if g.kind == "cross_attention":
             return CrossAttentionSpec(bs)
+        if g.kind == "hisparse_resident":
+            return HiSparseResidentSpec(bs, page_size=hisparse_page_size(bs))
+        if g.kind == "hisparse_hot":
+            return HiSparseHotSpec(bs, page_size=hisparse_page_size(bs),
+                                   blocks_per_request=g.blocks_per_request)
         return MambaSpec(bs, shapes=((1,),), dtype_sizes=(4,),
                          mamba_cache_mode=self.mamba_cache_mode(g))
+
+    def group_role(self, g: GroupConfig) -> KVCacheGroupRole | None:
+        return None if g.role is None else KVCacheGroupRole(g.role)
 
     @property
     def scheduler_block_size(self) -> int:

@@ -158,6 +158,9 @@ class VersionProfile:
     # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
     # group cannot be built; the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
+    # HiSparse groups (a host pool, resident and hot pages, the coordinator
+    # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
+    hisparse: bool = False
 
 
 PROFILES: dict[str, VersionProfile] = {
@@ -210,6 +213,7 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
         unify_pads_pages=True,
         sink_manager_rejects_zeroing_arg=True,
+        hisparse=True,
     ),
 }
 

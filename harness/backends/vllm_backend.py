@@ -21,7 +21,7 @@ from harness.backends.base import (
     kv_event_json,
 )
 from harness.backends.vllm_api import VllmApi, api_for
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.cache_config import CacheConfig, GroupConfig, hisparse_page_size
 from harness.events import AddRequest, Allocate
 from harness.vllm_releases import UnknownRelease
 from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
@@ -106,7 +106,24 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
     if g.kind == "mamba":
         return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
                              mamba_cache_mode=config.mamba_cache_mode(g))
+    if g.kind == "hisparse_resident":
+        return kvi.HiSparseResidentSpec(block_size=g.block_size,
+                                        page_size=hisparse_page_size(g.block_size))
+    if g.kind == "hisparse_hot":
+        return kvi.HiSparseHotSpec(block_size=g.block_size,
+                                   page_size=hisparse_page_size(g.block_size),
+                                   blocks_per_request=g.blocks_per_request)
     raise NotImplementedError(f"attention kind '{g.kind}'")
+
+
+def _vllm_group(config: CacheConfig, i: int, g: GroupConfig):
+    from vllm.v1.kv_cache_interface import KVCacheGroupRole, KVCacheGroupSpec
+
+    if g.role is None:
+        return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
+    # A HiSparse source group's blocks live in the host pool.
+    return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g), role=KVCacheGroupRole(g.role),
+                            host_resident=g.role == "hisparse_source")
 
 
 def _accept_zeroing_arg_in_sink_manager() -> None:
@@ -168,7 +185,7 @@ class VllmBackend(Backend):
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import KVCacheConfig
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
@@ -176,6 +193,7 @@ class VllmBackend(Backend):
         self.status_running = RequestStatus.RUNNING
         self.status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.status_preempted = RequestStatus.PREEMPTED
+        self.status_finished = RequestStatus.FINISHED_STOPPED
         self._SamplingParams = SamplingParams
         self._kv_cache_utils = kv_cache_utils
         os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
@@ -187,13 +205,15 @@ class VllmBackend(Backend):
             g.kind == "sink_full_attention" for g in config.groups
         ):
             _accept_zeroing_arg_in_sink_manager()
-        groups = [
-            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
-            for i, g in enumerate(config.groups)
-        ]
+        if config.hisparse and not api.has_hisparse:
+            raise BackendError(f"vLLM {self._release} has no HiSparse", "cache.groups")
+        groups = [_vllm_group(config, i, g) for i, g in enumerate(config.groups)]
+        hisparse = {}
+        if config.hisparse_host_num_blocks is not None:
+            hisparse["hisparse_host_num_blocks"] = config.hisparse_host_num_blocks
         kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
-        )
+            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+            **hisparse)
         # block_sizes reads only the rule, which the API shape carries for
         # releases without a profile too.
         rule = api.block_sizes_rule_for(len(config.groups))
@@ -218,6 +238,11 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
         self.manager = KVCacheManager(kv_cache_config, **kwargs)
+        if config.hisparse:
+            from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+            # Built before the first request, as vLLM's HiSparse connector does.
+            self.hisparse = get_hisparse_coordinator(self.manager)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.

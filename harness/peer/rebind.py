@@ -23,7 +23,6 @@ def _entries():
     import vllm.v1.core.kv_cache_manager as vkm
     import vllm.v1.core.kv_cache_utils as vku
     import vllm.v1.core.single_type_kv_cache_manager as vst
-
     import vllm.v1.hisparse.coordinator as vhc
 
     from harness.peer.adapters import hashing, hisparse, manager, pool, single_type, sizing

@@ -79,11 +79,15 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
 
 def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfile | None:
     try:
-        return get_profile(header.vllm_version)
+        profile = get_profile(header.vllm_version)
     except UnsupportedVersion as e:
         if any_version:
             return None
         raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+    if header.cache.hisparse and not profile.hisparse:
+        raise TraceError(path, 1, "cache.groups", f"vLLM {header.vllm_version} has no HiSparse "
+                         "groups (profile hisparse is false)")
+    return profile
 
 
 def _decode_line(path: str, line_no: int, raw: bytes) -> object:
@@ -110,9 +114,11 @@ def _parse_header(path: str, raw: bytes) -> TraceHeader:
                          "a trace starts with its header line")
     try:
         validate_header(obj)
+        return header_from_dict(obj)
     except SchemaViolation as e:
         raise TraceError(path, 1, e.field, e.message) from None
-    return header_from_dict(obj)
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, 1, "cache", str(e)) from None
 
 
 class _JsonlObjects:
@@ -168,8 +174,11 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
     header_line = lines["header"].start_mark.line + 1
     try:
         validate_header(doc["header"])
+        header = header_from_dict(doc["header"])
     except SchemaViolation as e:
         raise TraceError(path, header_line, f"header.{e.field}", e.message) from None
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, header_line, "header.cache", str(e)) from None
     events = doc.get("events") or []
     if not isinstance(events, list):
         raise TraceError(path, lines["events"].start_mark.line + 1, "events", "must be a list")
@@ -179,7 +188,7 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         keys = {k.value: k.start_mark.line + 1 for k, _ in n.value} if isinstance(
             n, yaml.MappingNode) else {}
         objects.append((n.start_mark.line + 1, obj, keys.get("answer"), keys.get("expect")))
-    return header_from_dict(doc["header"]), objects
+    return header, objects
 
 
 class _Records:
@@ -192,6 +201,7 @@ class _Records:
         cache = header.cache
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
+        self.hisparse = cache.hisparse
         self.live: set[str] = set()
 
     @property
@@ -241,6 +251,14 @@ class _Records:
                            f"{self.max_model_len}")
         elif op == "evict_blocks":
             self._check_block_ids(line, "block_ids", obj["block_ids"])
+        elif op in ("hisparse_step", "hisparse_ack") or "hisparse" in obj.get("fields", ()):
+            if not self.hisparse:
+                self._fail(line, "op" if op != "checkpoint" else "fields",
+                           "the trace's model has no HiSparse groups (cache.groups)")
+            for i, (name, _start, _count) in enumerate(obj.get("scheduled", ())):
+                if name not in self.live:
+                    self._fail(line, f"scheduled[{i}]",
+                               f"no request '{name}' (not added, or already freed)")
         answer = obj.get("answer")
         if answer:
             if "block_ids" in answer:

@@ -6,7 +6,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
-from harness.peer.lacks import Checks, ImplLacks, NotFromImpl, require
+from harness.peer.lacks import Checks, ImplLacks, NotFromImpl
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
