@@ -202,6 +202,9 @@ class _Records:
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
         self.hisparse = cache.hisparse
+        # A HiSparse source group's ids are host block ids.
+        self.group_limits = [cache.hisparse_host_num_blocks if g.role == "hisparse_source"
+                             else cache.num_blocks for g in cache.groups]
         self.live: set[str] = set()
 
     @property
@@ -262,12 +265,17 @@ class _Records:
         answer = obj.get("answer")
         if answer:
             if "block_ids" in answer:
+                limits = self.group_limits
                 for g, ids in enumerate(answer["block_ids"]):
-                    self._check_block_ids(line, f"answer.block_ids[{g}]", ids)
+                    limit = limits[g] if g < len(limits) else self.num_blocks
+                    self._check_block_ids(line, f"answer.block_ids[{g}]", ids, limit)
             if "free_queue" in answer:
                 self._check_block_ids(line, "answer.free_queue", answer["free_queue"])
 
-    def _check_block_ids(self, line: int, field: str, ids: list[int]) -> None:
+    def _check_block_ids(self, line: int, field: str, ids: list[int],
+                         limit: int | None = None) -> None:
+        limit = self.num_blocks if limit is None else limit
         for i, b in enumerate(ids):
-            if b >= self.num_blocks:
-                self._fail(line, f"{field}[{i}]", f"block id {b} >= num_blocks {self.num_blocks}")
+            if b >= limit:
+                what = "num_blocks" if limit == self.num_blocks else "hisparse_host_num_blocks"
+                self._fail(line, f"{field}[{i}]", f"block id {b} >= {what} {limit}")
