@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
+    Ack,
     Action,
     Evict,
     Finish,
@@ -50,6 +51,8 @@ class FuzzConfig:
     weights: dict = field(default_factory=lambda: {
         "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
         "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
+        # HiSparse's workers reporting (a HiSparse kind config weights it).
+        "ack": 0,
     })
 
     @classmethod
@@ -88,6 +91,12 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
     # Encoder-decoder models and Mamba state take no connector (external) KV.
     no_external = bool(kinds & {"cross_attention", "mamba"})
     encoder = "cross_attention" in kinds
+    hisparse = config.hisparse
+
+    def finish_load(req: int) -> FinishLoad:
+        # HiSparse imports may fail (then nothing they wrote is readable).
+        return FinishLoad(req, failed=hisparse and rng.random() < 0.2)
+
     docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
             for _ in range(fc.documents)]
     kinds = list(fc.weights)
@@ -132,7 +141,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
                 n = rng.choice((1, 1, 1, 2, bs))
                 actions.append(Sample(req, tuple(rng.randrange(fc.vocab) for _ in range(n))))
             elif follow < 0.6:
-                actions.append(FinishLoad(req))
+                actions.append(finish_load(req))
         elif kind == "sample":
             n = rng.choice((1, 1, 1, 2, bs, 3))
             actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
@@ -141,7 +150,10 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
         elif kind == "preempt":
             actions.append(Preempt(some_req()))
         elif kind == "finish_load":
-            actions.append(FinishLoad(some_req()))
+            actions.append(finish_load(some_req()))
+        elif kind == "ack":
+            actions.append(Ack(rng.choice((1, 1, 2, 4, 1 << 10)), workers=rng.choice((1, 1, 2)),
+                               split=rng.random() < 0.2))
         elif kind == "reset":
             actions.append(Reset())
         elif kind == "evict":
