@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
@@ -72,6 +73,16 @@ class FuzzConfig:
             raise ValueError(f"unknown fuzz kind(s): {', '.join(unknown_kinds)} "
                              f"(known: {', '.join(TEMPLATES)})")
         return cls(**kwargs)
+
+
+KIND_CONFIGS = Path(__file__).resolve().parent / "kind_configs"
+
+
+def kind_config(kind: str) -> FuzzConfig:
+    """The fuzz config of one kind (harness/fuzz/kind_configs/KIND.yaml)."""
+    import yaml
+
+    return FuzzConfig.from_dict(yaml.safe_load((KIND_CONFIGS / f"{kind}.yaml").read_text()) or {})
 
 
 def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:

@@ -5,29 +5,19 @@ call) and scheduler-like workloads over hybrid configs."""
 from __future__ import annotations
 
 import collections
-from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.cases import WORKLOADS, run_workload
 from harness.fuzz.campaign import case_rng, run_case
 from harness.fuzz.configs import TEMPLATES
-from harness.fuzz.generate import FuzzConfig, draw_case
+from harness.fuzz.generate import draw_case, kind_config
 from harness.report import format_failure
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm
 P32 = get_profile("0.32")
 CASES = 40
-
-
-KIND_CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "fuzz" / "kind_configs"
-
-
-def kind_config(kind: str) -> FuzzConfig:
-    """The kind's config file (harness/fuzz/kind_configs/KIND.yaml)."""
-    return FuzzConfig.from_dict(yaml.safe_load((KIND_CONFIGS / f"{kind}.yaml").read_text()))
 
 
 def fuzz_cases(kind: str, profile, cases: int = CASES, seed: int = 11):
