@@ -45,3 +45,21 @@ def test_hisparse_fuzz_cases_conform_and_reach_hisparse_states():
                   "import failed", "host prefix hit", "reclamation pending", "published",
                   "refused"):
         assert seen[state] > 0, (state, seen)
+
+
+def test_an_injected_hisparse_fault_is_found_and_shrunk(tmp_path):
+    """Negative control: impl publishing host pages before they are durable
+    diverges from vLLM within a bounded number of hisparse cases."""
+    from harness.fuzz.campaign import fuzz
+    from harness.fuzz.faults import KIND_FAULTS, inject
+    from harness.replay import check_trace
+
+    name = "hisparse-publish-before-durable"
+    result = fuzz(get_profile("0.32"), float("inf"), seed=1, out_dir=str(tmp_path),
+                  fuzz_config=kind_config(KIND_FAULTS[name][0]), fault=name, max_cases=300)
+    f = result.finding
+    assert f is not None, f"not found in {result.cases} cases"
+    assert f.num_calls <= 15, f"shrunk to {f.num_calls} calls only"
+    assert check_trace(f.path, ["impl"], check_invariants=True).exit_code == 0
+    with inject(name):
+        assert check_trace(f.path, ["impl"], check_invariants=True).exit_code == 1
