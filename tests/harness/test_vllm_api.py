@@ -38,6 +38,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release, profile
     assert api.has_record_prefix_cache_stats == (
         p.stats_recorded_at is StatsRecordedAt.ADMISSION)
     assert bool(api.admission_args) == p.has_admission_controls
+    assert api.has_hisparse == p.hisparse
 
 
 def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
@@ -65,6 +66,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
     coordinator_passes_zeroing = "needs_kv_cache_zeroing=" in (
         core / "kv_cache_coordinator.py").read_text()
     sizing = root / Path(*api.sizing_module.split(".")).with_suffix(".py")
+    hisparse = root / "vllm" / "v1" / "hisparse" / "coordinator.py"
+    hisparse_calls = _functions(hisparse, "HiSparseCoordinator") if hisparse.exists() else {}
     seen = {
         "manager_takes_scheduler_block_size": "scheduler_block_size" in init,
         "in_flight_tokens_arg": next((a for a in ("max_num_batched_tokens",
@@ -80,6 +83,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         and "needs_kv_cache_zeroing" not in sink,
         "sizing_module": api.sizing_module if sizing.exists()
         and "\ndef get_kv_cache_groups(" in sizing.read_text() else None,
+        "has_hisparse": "advance_scheduled" in hisparse_calls
+        and "take_residency_updates" in hisparse_calls,
     }
     return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
             if getattr(api, k) != v]
