@@ -364,6 +364,8 @@ class Backend(ABC):
         blocks = self.manager.block_pool.blocks
         codes = [POOL_FREE_CACHED if b.block_hash is not None else POOL_FREE for b in blocks]
         for group in self.manager.coordinator.single_type_managers:
+            if group.block_pool is not self.manager.block_pool:
+                continue  # HiSparse's source group: host blocks, another pool
             for req, held in group.req_to_blocks.items():
                 k = request_index.setdefault(req, len(request_index))
                 for b in held:
