@@ -117,10 +117,12 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
 
 
 def _vllm_group(config: CacheConfig, i: int, g: GroupConfig):
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
     if g.role is None:
         return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
+    from vllm.v1.kv_cache_interface import KVCacheGroupRole  # 0.30+ (has_hisparse)
+
     # A HiSparse source group's blocks live in the host pool.
     return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g), role=KVCacheGroupRole(g.role),
                             host_resident=g.role == "hisparse_source")
