@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    KVCacheGroupRole,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -35,6 +37,10 @@ KINDS = (
     # Named after their specs: events call them full_attention and unknown.
     "rswa",
     "circular_buffer",
+    # HiSparse's device groups (specs/KV_CACHE_MANAGER.md §14; vLLM's events
+    # call both kinds "unknown", the trace names them).
+    "hisparse_resident",
+    "hisparse_hot",
 )
 # The field each kind requires besides block_size.
 KIND_FIELDS = {
@@ -43,6 +49,7 @@ KIND_FIELDS = {
     "chunked_local_attention": "attention_chunk_size",
     "sink_full_attention": "sink_len",
     "rswa": "rswa_window",
+    "hisparse_hot": "blocks_per_request",
 }
 # The profile flag a release must have for a kind (impl/profiles.py).
 KIND_SINCE = {
@@ -55,6 +62,10 @@ KIND_SINCE = {
 # Group fields only a Mamba group may set, with their unset value.
 _MAMBA_FIELDS = {"mamba_cache_mode": None, "num_speculative_blocks": 0,
                  "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": None}
+# HiSparse group roles a full-attention group may play (the source group's
+# blocks are host blocks).
+ROLES = ("hisparse_source", "hisparse_indexer")
+HISPARSE_KINDS = ("hisparse_resident", "hisparse_hot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,8 @@ class GroupConfig:
     num_speculative_blocks: int = 0
     num_prefill_checkpoint_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
+    blocks_per_request: int | None = None  # hisparse_hot groups: the region's size
+    role: str | None = None  # full_attention groups of a HiSparse model: ROLES
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -95,6 +108,9 @@ class GroupConfig:
             raise ValueError(f"cache_role does not apply to a {self.kind} group")
         if self.cache_role not in ("sparse", "indexer"):
             raise ValueError(f"cache_role '{self.cache_role}' is not sparse or indexer")
+        if self.role is not None and (self.role not in ROLES or self.kind != "full_attention"):
+            raise ValueError(f"role {self.role!r} does not apply to a {self.kind} group "
+                             f"(full_attention groups may be {' or '.join(ROLES)})")
 
     def refused_by(self, profile: VersionProfile) -> str | None:
         """Why the release of `profile` has no such group (None: it has)."""
@@ -104,6 +120,17 @@ class GroupConfig:
         if self.cache_role != "sparse" and not profile.sparse_mla_groups:
             return f"vLLM {profile.name} has no MLA cache roles (cache_role={self.cache_role})"
         return None
+
+    @property
+    def hisparse(self) -> bool:
+        """A group of a HiSparse model's own (a role or a HiSparse kind)."""
+        return self.role is not None or self.kind in HISPARSE_KINDS
+
+
+def hisparse_page_size(block_size: int) -> int:
+    """Bytes of a HiSparse page: the manager never reads it (the one float32
+    head of the other groups' specs)."""
+    return block_size * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +162,20 @@ class CacheConfig:
     prefix_cache_retention_interval: int | None = None
     # Mamba "align" states at shared-prefix junctions (EAGLE models only).
     enable_mamba_shared_prefix_checkpoint: bool = False
+    # Blocks of HiSparse's host pool (null block included): required with a
+    # hisparse_source group, refused without one.
+    hisparse_host_num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        has_source = any(g.role == "hisparse_source" for g in self.groups)
+        if has_source != (self.hisparse_host_num_blocks is not None):
+            raise ValueError("hisparse_host_num_blocks goes with a hisparse_source group "
+                             "(both or neither)")
+
+    @property
+    def hisparse(self) -> bool:
+        """Whether the model has HiSparse groups (specs/KV_CACHE_MANAGER.md §14)."""
+        return any(g.hisparse for g in self.groups)
 
     @property
     def block_size(self) -> int:
@@ -170,6 +211,11 @@ class CacheConfig:
             return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size)
         if g.kind == "cross_attention":
             return CrossAttentionSpec(bs)
+        if g.kind == "hisparse_resident":
+            return HiSparseResidentSpec(bs, page_size=hisparse_page_size(bs))
+        if g.kind == "hisparse_hot":
+            return HiSparseHotSpec(bs, page_size=hisparse_page_size(bs),
+                                   blocks_per_request=g.blocks_per_request)
         return MambaSpec(bs, shapes=((1,),), dtype_sizes=(4,),
                          mamba_cache_mode=self.mamba_cache_mode(g),
                          num_speculative_blocks=g.num_speculative_blocks,
@@ -183,6 +229,9 @@ class CacheConfig:
         checkpoints), so traces recorded before it stay as they are."""
         return self.prefix_cache_retention_interval is not None or any(
             g.num_prefill_checkpoint_blocks for g in self.groups)
+
+    def group_role(self, g: GroupConfig) -> KVCacheGroupRole | None:
+        return None if g.role is None else KVCacheGroupRole(g.role)
 
     @property
     def scheduler_block_size(self) -> int:

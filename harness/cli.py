@@ -105,15 +105,16 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
     from harness.diff import FailureKind
     from harness.fuzz.campaign import fuzz, progress_reporter
-    from harness.fuzz.faults import FAULTS
+    from harness.fuzz.faults import FAULTS, KIND_FAULTS
     from harness.fuzz.generate import FuzzConfig
     from harness.report import format_failure
 
     if args.seconds <= 0 or args.max_ops < 1 or (args.max_cases is not None
                                                   and args.max_cases < 1):
         return fail("--seconds, --max-ops and --max-cases must be positive")
-    if args.inject_fault is not None and args.inject_fault not in FAULTS:
-        return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})")
+    known = [*FAULTS, *KIND_FAULTS]
+    if args.inject_fault is not None and args.inject_fault not in known:
+        return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(known)})")
     fuzz_config = FuzzConfig()
     if args.config is not None:
         try:

@@ -194,20 +194,58 @@ class FinalizePartialTailOffloads(Event):
     req: str
 
 
+@dataclass(slots=True)
+class HiSparseStep(Event):
+    """What HiSparse's connector asks of the coordinator when a step is
+    scheduled (its build_connector_meta), for the scheduled requests given as
+    [req, tokens computed before the step, tokens scheduled]: the residency
+    work (advance_scheduled, to min(computed + scheduled, request tokens)),
+    then the step's transfers, host copies, row mirrors, whether every page is
+    on the GPU, and the residency updates. Answer: {"transfers": [{transfer_id,
+    host_block_id, resident_block_ids, after_forward, restore}], "host_copies":
+    [[source, copy]], "mirrors": {req: [[[source rows], host row, rows]]},
+    "all_resident": bool, "residency": {req: {"pages": [...], "block_ids":
+    [[ids per resident group]]}}}."""
+
+    kind: ClassVar[str] = "hisparse_step"
+    scheduled: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(slots=True)
+class HiSparseAck(Event):
+    """What the workers report back (HiSparse's update_connector_output), in
+    its order: host imports finished (`failed` ones too: they make nothing
+    readable), host copies done (by copy block id), then per transfer id how
+    many workers run it and how many more finished it ([id, count] pairs).
+    Answer: {}."""
+
+    kind: ClassVar[str] = "hisparse_ack"
+    finished_imports: tuple[str, ...] = ()
+    failed_imports: tuple[str, ...] = ()
+    copies_done: tuple[int, ...] = ()
+    enqueued: tuple[tuple[int, int], ...] = ()
+    completed: tuple[tuple[int, int], ...] = ()
+
+
 CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
+# Asked for by name only (a default checkpoint leaves them out): HiSparse's
+# host pool and pending work.
+OPTIONAL_CHECKPOINT_FIELDS = ("hisparse",)
 
 
 @dataclass(slots=True)
 class Checkpoint(Event):
     """Observe state. Answer: one key per requested field:
     free_queue (block ids, head first), num_free, usage, stats (snapshot, resets
-    them), events (drained KV events)."""
+    them), events (drained KV events), and, named only, hisparse
+    ({"host_free_queue", "pending_work", "pending_reclamation"})."""
 
     kind: ClassVar[str] = "checkpoint"
     fields: tuple[str, ...] = CHECKPOINT_FIELDS
 
     def __post_init__(self) -> None:
-        unknown = [f for f in self.fields if f not in CHECKPOINT_FIELDS]
+        unknown = [f for f in self.fields
+                   if f not in CHECKPOINT_FIELDS and f not in OPTIONAL_CHECKPOINT_FIELDS]
         if unknown:
             raise ValueError(f"unknown checkpoint field(s) {unknown}")
 
@@ -218,6 +256,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
         TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
+        HiSparseStep, HiSparseAck,
     )
 }
 

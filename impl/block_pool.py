@@ -11,14 +11,14 @@ with hits inside blocks); such extra keys are listed per block in
 `cached_block_hashes_by_block`, so that eviction drops them all at once.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass
 
 from impl.block import BlockList, KVCacheBlock
 from impl.block_hash_map import BlockHashToBlockMap
 from impl.block_hash_view import resolve_block_hashes
 from impl.free_queue import FreeKVCacheBlockQueue
-from impl.kv_events import AllBlocksCleared, KVCacheEvent, KVEventBuilder
+from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, KVCacheEvent, KVEventBuilder
 from impl.profiles import FreeOrder, VersionProfile
 from impl.request import Request
 
@@ -33,11 +33,16 @@ class BlockPool:
     profile: VersionProfile
     # KV events carry 64-bit int hashes (vLLM's default) or the raw bytes.
     events_use_int_hashes: bool = True
+    # Where the blocks live, as KV events say it (HiSparse's host pool: CPU).
+    medium: str = MEDIUM_GPU
+
+    # What the pool is made of (HiSparse's host blocks also know their pool).
+    _block_type = KVCacheBlock
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1:
             raise ValueError(f"a pool needs at least its null block; got {self.num_gpu_blocks}")
-        self.blocks = [KVCacheBlock(i) for i in range(self.num_gpu_blocks)]
+        self.blocks = [self._block_type(i) for i in range(self.num_gpu_blocks)]
         queue = self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
@@ -46,8 +51,13 @@ class BlockPool:
         null = self.null_block = queue.popleft()
         null.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
-        self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes)
+        self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes, self.medium)
                         if self.enable_kv_cache_events else None)
+        # Released blocks still read until reused (unpin_blocks): block id ->
+        # what to tell when the pool hands the block out again.
+        self._watched: dict[int, Callable[[KVCacheBlock], None]] = {}
+        # Pools of other blocks this pool's free_blocks may be given (HiSparse).
+        self._routes_foreign = False
         # Where released blocks go: all to the back (0.17: None); 0.32 puts
         # the unkeyed ones (never to be hit) in front for reuse first (True),
         # all of them with caching off (False).
@@ -194,6 +204,8 @@ class BlockPool:
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"{num_blocks} blocks wanted, {queue.num_free_blocks} free")
         taken = queue.popleft_n(num_blocks)
+        if self._watched:
+            self._tell_reused(taken)
         if self.enable_caching:
             for block in taken:
                 if block.block_hash is not None:
@@ -203,6 +215,28 @@ class BlockPool:
             for block in taken:
                 block.ref_cnt += 1
         return taken
+
+    def _tell_reused(self, blocks: Iterable[KVCacheBlock]) -> None:
+        watched = self._watched
+        for block in blocks:
+            tell = watched.pop(block.block_id, None)
+            if tell is not None:
+                tell(block)
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock],
+                     on_reuse: Callable[[KVCacheBlock], None]) -> None:
+        """Give back one reference of each block while its contents are still
+        read: the pool may reuse it (it is free), and `on_reuse` hears when it
+        does. Freed ones go to the back of the queue, keyed or not."""
+        released = []
+        for block in blocks:
+            if block.ref_cnt <= 0 or block.is_null:
+                raise AssertionError(f"block {block.block_id} is not held; nothing to unpin")
+            block.ref_cnt -= 1
+            self._watched[block.block_id] = on_reuse
+            if not block.ref_cnt:
+                released.append(block)
+        self.free_block_queue.append_n(released)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """One more holder for each hit block; an evictable one leaves the queue."""
@@ -216,6 +250,12 @@ class BlockPool:
         """One holder fewer for each block; blocks nobody holds any more go back
         to the free queue. `ordered_blocks` is eviction priority, first
         evicted first; where they land is the profile's free_order."""
+        if self._routes_foreign:
+            self._free_across_pools(ordered_blocks)
+            return
+        self._release(ordered_blocks)
+
+    def _release(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         front: list[KVCacheBlock] = []
         back: list[KVCacheBlock] = []
         split = self._split_on_release
@@ -234,6 +274,21 @@ class BlockPool:
             self.free_block_queue.prepend_n(front)
         if back:
             self.free_block_queue.append_n(back)
+
+    def _free_across_pools(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Blocks of another pool (they carry it) are freed there, after this
+        pool's own, each pool's in the given order."""
+        own: list[KVCacheBlock] = []
+        others: dict[int, tuple[BlockPool, list[KVCacheBlock]]] = {}
+        for block in ordered_blocks:
+            pool = getattr(block, "pool", self)
+            if pool is self:
+                own.append(block)
+            else:
+                others.setdefault(id(pool), (pool, []))[1].append(block)
+        self._release(own)
+        for pool, blocks in others.values():
+            pool.free_blocks(blocks)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks; holders and queue position stay.
@@ -262,6 +317,9 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
+        if self._watched:
+            # Every block still read elsewhere is as good as reused now.
+            self._tell_reused([self.blocks[i] for i in list(self._watched)])
         for block in self.blocks:
             block.block_hash = block.block_hash_num_tokens = None
         if self._events is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
+from impl.hisparse.coordinator import attach_hisparse
 from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec
 from impl.managers import (
     SingleTypeKVCacheManager,
@@ -45,22 +46,29 @@ class KVCacheCoordinator:
                  enable_kv_cache_events: bool = False, events_use_int_hashes: bool = True,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  scheduler_block_size: int | None = None, max_model_len: int = 1 << 30,
-                 max_in_flight_tokens: int | None = None) -> None:
+                 max_in_flight_tokens: int | None = None, num_prefill_lookahead: int = 0) -> None:
         self.kv_cache_config, self.profile = kv_cache_config, profile
         self.hash_block_size, self.dcp_world_size = hash_block_size, dcp_world_size
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size,
                                     enable_kv_cache_events, profile=profile,
                                     events_use_int_hashes=events_use_int_hashes)
-        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+        groups = kv_cache_config.kv_cache_groups
+        specs = [group.kv_cache_spec for group in groups]
         self.scheduler_block_size = scheduler_block_size or (
             specs[0].block_size if specs else hash_block_size)
+        # Multi-module MTP computes the last (lookahead - 1) tokens again in
+        # the next step: they are not final until then.
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            manager_class_for(spec)(
-                spec, self.block_pool, enable_caching, group_id, self.scheduler_block_size,
-                dcp_world_size, pcp_world_size,
-                max_admission_blocks_per_request(spec, in_flight, max_model_len))
-            for group_id, spec in enumerate(specs))
+            manager_class_for(group.kv_cache_spec, group.role)(
+                group.kv_cache_spec, self.block_pool, enable_caching, group_id,
+                self.scheduler_block_size, dcp_world_size, pcp_world_size,
+                max_admission_blocks_per_request(group.kv_cache_spec, in_flight, max_model_len))
+            for group_id, group in enumerate(groups))
+        # HiSparse's groups share one coordinator of their own (None without).
+        self.hisparse = attach_hisparse(kv_cache_config, self.single_type_managers,
+                                        max_model_len, self.num_reprefillable_tokens)
         # Cross-attention groups are sized by the encoder's tokens.
         self._encoder_sized = tuple(isinstance(m, CrossAttentionManager)
                                     for m in self.single_type_managers)
@@ -143,7 +151,7 @@ class KVCacheCoordinator:
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
         """How many of the computed tokens this group may key."""
-        return num_computed_tokens
+        return max(0, num_computed_tokens - self.num_reprefillable_tokens)
 
     def _replay_boundaries(self, request: Request) -> tuple[int, ...]:
         """Only a retention interval reads them (§10): dense caching keeps
@@ -170,6 +178,12 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         self._each("free", request_id)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request in every group; its blocks, group by group, for
+        the caller to free (last first)."""
+        return [block for manager in self.single_type_managers
+                for block in manager.pop_blocks_for_free(request_id)]
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         self._each("remove_skipped_blocks", request_id, num_computed_tokens, num_prompt_tokens)
@@ -182,7 +196,11 @@ class KVCacheCoordinator:
         return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        if self.hisparse is None:
+            return self.block_pool.reset_prefix_cache()
+        # Every pool is asked (HiSparse's host pool too); all must agree.
+        pools = {id(m.block_pool): m.block_pool for m in self.single_type_managers}
+        return all([pool.reset_prefix_cache() for pool in pools.values()])
 
     def new_step_starts(self) -> None:
         self._each("new_step_starts")
@@ -258,8 +276,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def cache_blocks(self, request, num_computed_tokens) -> None:
         if self.manager.enable_caching:
-            self.manager.cache_blocks(request, num_computed_tokens, self.retention_interval,
-                                      self._replay_boundaries(request))
+            self.manager.cache_blocks(
+                request, max(0, num_computed_tokens - self.num_reprefillable_tokens),
+                self.retention_interval, self._replay_boundaries(request))
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens,
                               num_prompt_tokens=None) -> None:
@@ -337,8 +356,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         for group_id, spec in enumerate(specs):
             if not spec.prefix_cacheable:
                 continue
-            cls = type(self.single_type_managers[group_id])
-            same = next((b for b in batches if b.manager_cls is cls and b.spec == spec), None)
+            manager = self.single_type_managers[group_id]
+            cls = type(manager)
+            same = next((b for b in batches if b.manager_cls is cls and b.spec == spec
+                         and managers_pool(self, b) is manager.block_pool), None)
             if same is None:
                 batches.append(SpecGroup(spec, [group_id], cls))
             else:
@@ -374,7 +395,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     continue
                 manager = managers[lead]
                 blocks, candidate = batch.manager_cls.find_longest_cache_hit(
-                    block_hashes, candidate, batch.group_ids, self.block_pool, batch.spec,
+                    block_hashes, candidate, batch.group_ids, manager.block_pool, batch.spec,
                     self.alignment_tokens, manager.dcp_world_size, manager.pcp_world_size)
                 for group_id, group_blocks in zip(batch.group_ids, blocks):
                     found[group_id] = group_blocks
@@ -386,13 +407,37 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 break
             agreed = candidate
         for batch in batches:
-            if isinstance(batch.spec, FullAttentionSpec):
-                keep = cdiv(agreed, managers[batch.group_ids[0]].block_size)
+            lead = managers[batch.group_ids[0]]
+            if isinstance(batch.spec, FullAttentionSpec) and not lead.retains_longer_hit:
+                keep = cdiv(agreed, lead.block_size)
                 for group_id in batch.group_ids:
                     if found[group_id] is not None:
                         del found[group_id][keep:]
         return (tuple([] if blocks is None else blocks for blocks in found), agreed,
                 longest - agreed)
+
+
+    def find_longest_cache_hit_per_group(self, block_hashes, max_cache_hit_length
+                                         ) -> tuple[tuple[BlockTable, ...], tuple[int, ...]]:
+        """Each kind's own longest hit, not reconciled with the others (a
+        connector bounds what it may load by the groups it does not load):
+        blocks and hit length per group; nothing for groups not looked up."""
+        managers = self.single_type_managers
+        blocks: list[BlockTable] = [[] for _ in managers]
+        lengths = [0] * len(managers)
+        for batch in self.attention_groups:
+            lead = managers[batch.group_ids[0]]
+            found, length = batch.manager_cls.find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, batch.group_ids, lead.block_pool, batch.spec,
+                self.alignment_tokens, lead.dcp_world_size, lead.pcp_world_size)
+            for group_id, group_blocks in zip(batch.group_ids, found):
+                blocks[group_id], lengths[group_id] = group_blocks, length
+        return tuple(blocks), tuple(lengths)
+
+
+def managers_pool(coordinator: KVCacheCoordinator, batch: SpecGroup) -> BlockPool:
+    """The pool a batch of groups is looked up in (HiSparse's host group has its own)."""
+    return coordinator.single_type_managers[batch.group_ids[0]].block_pool
 
 
 def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, profile: VersionProfile,

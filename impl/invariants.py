@@ -30,6 +30,12 @@ def check_invariants(manager: KVCacheManager) -> None:
     """Raise InvariantViolation naming the first broken invariant. Cheap
     enough for a fuzz run on a small pool: one walk of the free queue, one of
     the held blocks, a few passes over the pool; messages only on failure."""
+    if manager.coordinator.hisparse is not None:
+        # Two pools, overlays and transfers: impl/hisparse/invariants.py.
+        from impl.hisparse.invariants import check_hisparse_invariants
+
+        check_hisparse_invariants(manager)
+        return
     pool = manager.block_pool
     queued = _walk_free_queue(pool)
     _check_null_block(pool, pool.null_block.block_id in queued)
@@ -214,6 +220,9 @@ class InvariantChecker:
         self._manager: KVCacheManager | None = None
 
     def check(self, manager: KVCacheManager) -> None:
+        if manager.coordinator.hisparse is not None:
+            check_invariants(manager)  # always whole (see impl/hisparse/invariants.py)
+            return
         if manager is not self._manager:
             check_invariants(manager)
             self._watch(manager)

@@ -14,6 +14,7 @@ from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.managers.mamba import MambaManager
+from impl.math_utils import cdiv
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
@@ -59,6 +60,9 @@ class KVCacheManager:
     # Mamba "align" states also at shared-prefix junctions (takes effect
     # with EAGLE groups and hits inside blocks only, §11).
     enable_mamba_shared_prefix_checkpoint: bool = False
+    # Prompt tokens a multi-module MTP drafter reads past a chunk (the last
+    # lookahead - 1 computed tokens are not final).
+    num_prefill_lookahead: int = 0
 
     def __post_init__(self) -> None:
         config, profile = self.kv_cache_config, self.profile
@@ -69,7 +73,8 @@ class KVCacheManager:
             events_use_int_hashes=self.events_use_int_hashes,
             dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size,
             scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
-            max_in_flight_tokens=self.max_in_flight_tokens)
+            max_in_flight_tokens=self.max_in_flight_tokens,
+            num_prefill_lookahead=self.num_prefill_lookahead)
         self.block_pool = coordinator.block_pool
         # Junction checkpoints need EAGLE's replay points and hits inside blocks.
         junctions = self.mamba_shared_prefix_checkpoint = (
@@ -100,6 +105,10 @@ class KVCacheManager:
         self._step_hooks = tuple(
             m.new_step_starts for m in managers
             if type(m).new_step_starts is not SingleTypeKVCacheManager.new_step_starts)
+        # Groups whose hit may run past the agreed one (HiSparse's host group):
+        # allocate_slots keeps only what the hit and a load cover.
+        self._longer_hit_groups = tuple(i for i, m in enumerate(managers)
+                                        if m.retains_longer_hit)
 
     @property
     def usage(self) -> float:
@@ -213,6 +222,10 @@ class KVCacheManager:
         coord = self.coordinator
         no_hit = self.empty_kv_cache_blocks.blocks
         hit = no_hit if new_computed_blocks is None else new_computed_blocks.blocks
+        if new_computed_blocks is not None and self._longer_hit_groups:
+            # (A new tuple even for an empty hit: the hit is then taken, as in vLLM.)
+            hit = self._trim_longer_hits(hit, num_new_computed_tokens
+                                         + num_external_computed_tokens)
         local = request.num_computed_tokens + num_new_computed_tokens
         with_external = local + num_external_computed_tokens
         computed = min(with_external, self.max_model_len)
@@ -252,6 +265,14 @@ class KVCacheManager:
             coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
 
+    def _trim_longer_hits(self, hit: PerGroup, num_reused: int) -> PerGroup:
+        trimmed = list(hit)
+        managers = self.coordinator.single_type_managers
+        for group_id in self._longer_hit_groups:
+            trimmed[group_id] = trimmed[group_id][:cdiv(num_reused,
+                                                        managers[group_id].block_size)]
+        return tuple(trimmed)
+
     def _answer(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         for group in blocks:
             if group:
@@ -262,6 +283,10 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         self.coordinator.free(request.request_id)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Forget the request; its blocks, for the caller to free last first."""
+        return self.coordinator.pop_blocks_for_free(request.request_id)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:

@@ -14,6 +14,7 @@ FullAttentionSpecs.
 import fractions
 import re
 from dataclasses import KW_ONLY, dataclass, field
+from enum import Enum
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -221,17 +222,36 @@ class MambaSpec(KVCacheSpec):
     prefill_checkpoint_alignment: int | None = None  # tokens
 
 
+class KVCacheGroupRole(Enum):
+    """The part a group plays besides its spec (HiSparse, spec §14). The values
+    are vLLM's; a group without a role is an ordinary one."""
+
+    DEFAULT, HISPARSE_SOURCE, HISPARSE_INDEXER = "default", "hisparse_source", "hisparse_indexer"
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
+    """Layers that share one block table, served by one single-type manager."""
+
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # HiSparse only: the source group (its blocks are host blocks, its manager
+    # publishes them once durable) and the indexer group; None elsewhere.
+    role: KVCacheGroupRole | None = None
+    host_resident: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheConfig:
+    """What a KV cache manager is built from: the device pool's size (null
+    block included) and the groups drawing from it."""
+
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = field(default_factory=tuple)
     # Sparse checkpoints of sliding-window and Mamba groups: None keeps every
     # reachable one, 0 only replay boundaries and shared-prefix junctions, a
     # positive interval one per interval as well (spec 9.2.1).
     prefix_cache_retention_interval: int | None = None  # tokens
+    # How many blocks HiSparse's host pool has, null block included; only a
+    # model with a HiSparse source group has one.
+    hisparse_host_num_blocks: int | None = None

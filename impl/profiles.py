@@ -177,6 +177,9 @@ class VersionProfile:
     rswa_groups: bool = False
     circular_buffer_groups: bool = False
     sparse_mla_groups: bool = False
+    # HiSparse groups (a host pool, resident and hot pages, the coordinator
+    # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
+    hisparse: bool = False
 
 
 PROFILES: dict[str, VersionProfile] = {
@@ -211,6 +214,7 @@ PROFILES: dict[str, VersionProfile] = {
         rswa_groups=False,
         circular_buffer_groups=False,
         sparse_mla_groups=False,
+        hisparse=False,
     ),
     "0.32": VersionProfile(
         name="0.32",
@@ -243,6 +247,7 @@ PROFILES: dict[str, VersionProfile] = {
         rswa_groups=True,
         circular_buffer_groups=True,
         sparse_mla_groups=True,
+        hisparse=True,
     ),
 }
 

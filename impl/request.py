@@ -10,6 +10,13 @@ class RequestStatus(str, Enum):
     PREEMPTED = "preempted"
     # Admitted, its KV cache being loaded by a connector.
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    # Ended: what HiSparse may still publish of it depends on it (spec §14.4).
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_IGNORED = "finished_ignored"
+    FINISHED_ERROR = "finished_error"
+    FINISHED_REPETITION = "finished_repetition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +67,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.status.name.startswith("FINISHED")

@@ -22,6 +22,8 @@ from harness.events import (
     EvictBlocks,
     FinalizePartialTailOffloads,
     Free,
+    HiSparseAck,
+    HiSparseStep,
     Lookup,
     Preempt,
     RecordStats,
@@ -85,6 +87,10 @@ class Backend(ABC):
     status_running: Any = None
     status_waiting_remote: Any = None
     status_preempted: Any = None
+    status_finished: Any = None
+    # The manager's HiSparse coordinator (vLLM's or impl's: the same calls),
+    # None for a model without HiSparse groups.
+    hisparse: Any = None
 
     def __init__(self, config: CacheConfig, profile: VersionProfile) -> None:
         self.config = config
@@ -108,6 +114,8 @@ class Backend(ABC):
             Checkpoint: self._on_checkpoint,
             TakeBoundaryStateOffloads: self._on_take_boundary_state_offloads,
             FinalizePartialTailOffloads: self._on_finalize_partial_tail_offloads,
+            HiSparseStep: self._on_hisparse_step,
+            HiSparseAck: self._on_hisparse_ack,
         }
         self._report_boundary = config.reports_shared_prefix_boundary
 
@@ -191,7 +199,55 @@ class Backend(ABC):
                 out[f] = self.take_stats()
             elif f == "events":
                 out[f] = self.take_events()
+            elif f == "hisparse":
+                coordinator = self._hisparse_coordinator("fields")
+                out[f] = {"host_free_queue": self.host_free_queue(),
+                          "pending_work": coordinator.has_pending_work(),
+                          "pending_reclamation": coordinator.has_pending_reclamation()}
         return out
+
+    # -- HiSparse: what its connector asks and hears (specs/KV_CACHE_MANAGER.md §14) --
+
+    def _hisparse_coordinator(self, field: str = "op"):
+        if self.hisparse is None:
+            raise BackendError("the model has no HiSparse groups", field)
+        return self.hisparse
+
+    def _on_hisparse_step(self, ev: HiSparseStep) -> dict:
+        coordinator = self._hisparse_coordinator()
+        scheduled = [(req, start, count) for req, start, count in ev.scheduled]
+        requests = [self._request(req) for req, _, _ in scheduled]
+        coordinator.advance_scheduled([
+            (req, min(start + count, request.num_tokens))
+            for (req, start, count), request in zip(scheduled, requests)])
+        command = coordinator.build_offload_command()
+        copies = coordinator.take_host_block_copies()
+        mirrors = {req: coordinator.build_row_mirrors([(req, start, count)])
+                   for req, start, count in scheduled}
+        return {
+            "transfers": None if command is None else [
+                {"transfer_id": t.transfer_id, "host_block_id": t.host_block_id,
+                 "resident_block_ids": list(t.resident_block_ids),
+                 "after_forward": t.after_forward, "restore": t.restore}
+                for t in command.page_transfers],
+            "host_copies": [[c.src_block_id, c.dst_block_id] for c in copies],
+            "mirrors": {req: [[list(m.source_starts), m.destination_start, m.num_rows]
+                              for m in found] for req, found in mirrors.items()},
+            "all_resident": coordinator.all_context_pages_resident(scheduled),
+            "residency": {req: {"pages": list(u.pages), "block_ids": [list(g) for g in u.block_ids]}
+                          for req, u in coordinator.take_residency_updates(
+                              [req for req, _, _ in scheduled]).items()},
+        }
+
+    def _on_hisparse_ack(self, ev: HiSparseAck) -> dict:
+        coordinator = self._hisparse_coordinator()
+        failed = set(ev.failed_imports)
+        for req in ev.finished_imports:
+            coordinator.finish_host_import(req, failed=req in failed)
+        coordinator.release_completed_host_copies(list(ev.copies_done))
+        coordinator.update_spills({t: n for t, n in ev.enqueued},
+                                  {t: n for t, n in ev.completed})
+        return {}
 
     # -- scheduler-owned request state, the same for every backend ---------------
 
@@ -233,7 +289,11 @@ class Backend(ABC):
         return block_ids
 
     def free(self, req: str) -> None:
-        self._free_request(self._request(req))
+        request = self._request(req)
+        # Finished, as the scheduler marks a request before freeing it
+        # (HiSparse publishes what a finished request leaves behind).
+        request.status = self.status_finished
+        self._free_request(request)
         del self.requests[req]
         self._pending_hit.pop(req, None)
 
@@ -297,6 +357,11 @@ class Backend(ABC):
     @abstractmethod
     def free_queue(self) -> list[int]: ...
 
+    def host_free_queue(self) -> list[int]:
+        """HiSparse's host pool free queue, head first."""
+        pool = self._hisparse_coordinator("fields").get_host_block_pool()
+        return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
     @abstractmethod
     def num_free_blocks(self) -> int: ...
 
@@ -329,6 +394,8 @@ class Backend(ABC):
         blocks = self.manager.block_pool.blocks
         codes = [POOL_FREE_CACHED if b.block_hash is not None else POOL_FREE for b in blocks]
         for group in self.manager.coordinator.single_type_managers:
+            if group.block_pool is not self.manager.block_pool:
+                continue  # HiSparse's source group: host blocks, another pool
             for req, held in group.req_to_blocks.items():
                 k = request_index.setdefault(req, len(request_index))
                 for b in held:

@@ -6,6 +6,7 @@ from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
+from impl.hisparse.coordinator import get_hisparse_coordinator
 from impl.invariants import InvariantChecker
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
@@ -15,11 +16,14 @@ from impl.request import Request, RequestStatus
 
 def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
     groups = tuple(
-        KVCacheGroupSpec((f"layer.{i}",), spec)
-        for i, spec in enumerate(config.kv_cache_specs())
+        # A HiSparse source group's blocks live in the host pool.
+        KVCacheGroupSpec((f"layer.{i}",), config.kv_cache_spec(g), config.group_role(g),
+                         g.role == "hisparse_source")
+        for i, g in enumerate(config.groups)
     )
     return KVCacheConfig(config.num_blocks, groups,
-                         prefix_cache_retention_interval=config.prefix_cache_retention_interval)
+                         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+                         hisparse_host_num_blocks=config.hisparse_host_num_blocks)
 
 
 class ImplBackend(Backend):
@@ -28,11 +32,14 @@ class ImplBackend(Backend):
     status_running = RequestStatus.RUNNING
     status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
     status_preempted = RequestStatus.PREEMPTED
+    status_finished = RequestStatus.FINISHED_STOPPED
 
     def __init__(
         self, config: CacheConfig, profile: VersionProfile, check: bool = False
     ) -> None:
         super().__init__(config, profile)
+        if config.hisparse and not profile.hisparse:
+            raise BackendError(f"vLLM {profile.name} has no HiSparse groups", "cache.groups")
         scheduler_block_size, hash_block_size = config.block_sizes(profile)
         self.manager = KVCacheManager(
             build_kv_cache_config(config),
@@ -56,6 +63,8 @@ class ImplBackend(Backend):
             none_hash(profile, config.hash_algo, config.hash_seed),
             profile.tagged_extra_keys,
         )
+        if config.hisparse:
+            self.hisparse = get_hisparse_coordinator(self.manager)
         self._no_blocks = self.manager.empty_kv_cache_blocks
         self._hash_block_size = hash_block_size
         self._one_group = len(self._no_blocks.blocks) == 1

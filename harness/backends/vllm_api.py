@@ -39,6 +39,10 @@ class VllmApi:
     has_block_copies: bool
     # Request takes session_id.
     request_takes_session_id: bool
+    # HiSparse groups with the coordinator calls the hisparse_* events make
+    # (advance_scheduled, take_residency_updates: 0.32; 0.30 and 0.31 have
+    # HiSparse with another coordinator API, which the adapter does not drive).
+    has_hisparse: bool
     # The coordinator passes needs_kv_cache_zeroing to every manager but
     # SinkFullAttentionManager.__init__ does not take it (no sink group can be
     # built); the adapter drops the argument.
@@ -81,6 +85,7 @@ _V017 = VllmApi(
     has_record_prefix_cache_stats=False,
     has_block_copies=False,
     request_takes_session_id=False,
+    has_hisparse=False,
     sink_manager_rejects_zeroing_arg=False,
     sizing_module="vllm.v1.core.kv_cache_utils",
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
@@ -107,11 +112,12 @@ _V029 = replace(_V028, since="0.29.0", retention_interval_from="kv_cache_config"
                 mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
 _V030 = replace(_V029, since="0.30.0", has_finalize_partial_tail_offloads=True)
 _V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True)
-_V033 = replace(_V031, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
+_V032 = replace(_V031, since="0.32.0", has_hisparse=True)
+_V033 = replace(_V032, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
 
 # Oldest first; a release takes the last row whose `since` it has reached.
 SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V029,
-                               _V030, _V031, _V033)
+                               _V030, _V031, _V032, _V033)
 
 
 def api_for(version: str) -> VllmApi:

@@ -21,7 +21,7 @@ from harness.backends.base import (
     kv_event_json,
 )
 from harness.backends.vllm_api import VllmApi, api_for
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.cache_config import CacheConfig, GroupConfig, hisparse_page_size
 from harness.events import AddRequest, Allocate
 from harness.vllm_releases import UnknownRelease
 from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
@@ -122,7 +122,27 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
         return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
                              mamba_cache_mode=config.mamba_cache_mode(g),
                              num_speculative_blocks=g.num_speculative_blocks, **checkpoints)
+    if g.kind == "hisparse_resident":
+        return kvi.HiSparseResidentSpec(block_size=g.block_size,
+                                        page_size=hisparse_page_size(g.block_size))
+    if g.kind == "hisparse_hot":
+        return kvi.HiSparseHotSpec(block_size=g.block_size,
+                                   page_size=hisparse_page_size(g.block_size),
+                                   blocks_per_request=g.blocks_per_request)
     raise NotImplementedError(f"attention kind '{g.kind}'")
+
+
+def _vllm_group(config: CacheConfig, i: int, g: GroupConfig, api):
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    if g.role is None:
+        return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api))
+    from vllm.v1.kv_cache_interface import KVCacheGroupRole  # 0.30+ (has_hisparse)
+
+    # A HiSparse source group's blocks live in the host pool.
+    return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api),
+                            role=KVCacheGroupRole(g.role),
+                            host_resident=g.role == "hisparse_source")
 
 
 def _accept_zeroing_arg_in_sink_manager() -> None:
@@ -184,7 +204,7 @@ class VllmBackend(Backend):
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import KVCacheConfig
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
@@ -192,6 +212,7 @@ class VllmBackend(Backend):
         self.status_running = RequestStatus.RUNNING
         self.status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.status_preempted = RequestStatus.PREEMPTED
+        self.status_finished = RequestStatus.FINISHED_STOPPED
         self._SamplingParams = SamplingParams
         self._kv_cache_utils = kv_cache_utils
         os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
@@ -203,10 +224,9 @@ class VllmBackend(Backend):
             g.kind == "sink_full_attention" for g in config.groups
         ):
             _accept_zeroing_arg_in_sink_manager()
-        groups = [
-            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api))
-            for i, g in enumerate(config.groups)
-        ]
+        if config.hisparse and not api.has_hisparse:
+            raise BackendError(f"vLLM {self._release} has no HiSparse", "cache.groups")
+        groups = [_vllm_group(config, i, g, api) for i, g in enumerate(config.groups)]
         retention = config.prefix_cache_retention_interval
         extra = {}
         if retention is not None:
@@ -215,6 +235,8 @@ class VllmBackend(Backend):
                                    "interval", "cache.prefix_cache_retention_interval")
             if api.retention_interval_from == "kv_cache_config":
                 extra["prefix_cache_retention_interval"] = retention
+        if config.hisparse_host_num_blocks is not None:
+            extra["hisparse_host_num_blocks"] = config.hisparse_host_num_blocks
         kv_cache_config = KVCacheConfig(
             num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra
         )
@@ -252,6 +274,11 @@ class VllmBackend(Backend):
                          and api.retention_interval_from == "env" else None)
         with _env("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", env_retention):
             self.manager = KVCacheManager(kv_cache_config, **kwargs)
+        if config.hisparse:
+            from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+            # Built before the first request, as vLLM's HiSparse connector does.
+            self.hisparse = get_hisparse_coordinator(self.manager)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.

@@ -24,6 +24,14 @@ _KINDS = {
     "SlidingWindowMLASpec": ("sliding_window_mla", "SlidingWindowManager", "sliding_window"),
     "RSWASpec": ("rswa", "RSWAManager", "rswa_window"),
     "CircularBufferSpec": ("circular_buffer", "CircularBufferManager", None),
+    "HiSparseResidentSpec": ("hisparse_resident", "HiSparseResidentManager", None),
+    "HiSparseHotSpec": ("hisparse_hot", "HiSparseHotManager", "blocks_per_request"),
+}
+# HiSparse roles of full-attention groups -> (the trace's role, the manager).
+# The source group's blocks are host blocks (host_resident).
+_ROLES = {
+    "HISPARSE_SOURCE": ("hisparse_source", "HiSparseSourceManager"),
+    "HISPARSE_INDEXER": ("hisparse_indexer", "FullAttentionManager"),
 }
 # Spec fields a manager reads that a trace's group cannot state: the capture
 # is refused unless they hold their default.
@@ -31,7 +39,8 @@ _MUST_BE_DEFAULT = ("extra_retained_tokens", "bounded_replay")
 # MambaSpec fields a trace's Mamba group carries, with their default.
 _MAMBA_FIELDS = (("num_speculative_blocks", 0), ("num_prefill_checkpoint_blocks", 0),
                  ("prefill_checkpoint_alignment", None))
-# Kinds whose admission cap depends on the tokens in flight.
+# Kinds whose admission cap depends on the tokens in flight (and HiSparse's
+# resident pages, added below).
 _RECYCLING = ("sliding_window", "chunked_local_attention")
 # Kinds whose cached blocks follow vLLM's prefix_cache_retention_interval.
 _RETAINING = ("sliding_window", "mamba")
@@ -57,13 +66,18 @@ def group_config_of(group, manager=None) -> GroupConfig:
         raise CaptureGap(f"KV cache group of {name}: traces carry only "
                          f"{', '.join(_KINDS)} groups")
     kind, manager_name, field = _KINDS[name]
-    for attr, default in (("is_eagle_group", False), ("host_resident", False)):
-        if getattr(group, attr, default) != default:
-            raise CaptureGap(f"KV cache group with {attr}={getattr(group, attr)!r}: "
-                             "traces cannot say so")
-    role = getattr(group, "role", None)
-    if role is not None and getattr(role, "name", "DEFAULT") != "DEFAULT":
-        raise CaptureGap(f"KV cache group with role {role}: traces cannot say so")
+    if getattr(group, "is_eagle_group", False):
+        raise CaptureGap("KV cache group with is_eagle_group=True: traces cannot say so")
+    role_name = getattr(getattr(group, "role", None), "name", "DEFAULT")
+    role = None
+    if role_name != "DEFAULT":
+        if role_name not in _ROLES or kind != "full_attention":
+            raise CaptureGap(f"{name} group with role {role_name}: traces cannot say so")
+        role, manager_name = _ROLES[role_name]
+    if getattr(group, "host_resident", False) != (role == "hisparse_source"):
+        raise CaptureGap(f"KV cache group with host_resident={group.host_resident!r} and "
+                         f"role {role_name}: traces state host blocks for the HiSparse "
+                         "source group only")
     for attr in _MUST_BE_DEFAULT:
         if not hasattr(spec, attr):
             continue
@@ -87,6 +101,8 @@ def group_config_of(group, manager=None) -> GroupConfig:
         kwargs["mamba_cache_mode"] = mode
         for attr, default in _MAMBA_FIELDS:
             kwargs[attr] = getattr(spec, attr, default)
+    if role is not None:
+        kwargs["role"] = role
     return GroupConfig(spec.block_size, kind, **kwargs)
 
 
@@ -113,10 +129,13 @@ def cache_config_of(scheduler) -> CacheConfig:
         extra["prefix_cache_retention_interval"] = int(retention)
     if getattr(cache, "enable_mamba_shared_prefix_checkpoint", False):
         extra["enable_mamba_shared_prefix_checkpoint"] = True
+    host_blocks = getattr(kv_cache_config, "hisparse_host_num_blocks", None)
+    if host_blocks is not None:
+        extra["hisparse_host_num_blocks"] = int(host_blocks)
     dcp = int(getattr(scheduler, "dcp_world_size", 1) or 1)
     if dcp != 1:
         extra["dcp_world_size"] = dcp
-    if any(g.kind in _RECYCLING for g in groups):
+    if any(g.kind in _RECYCLING or g.kind == "hisparse_resident" for g in groups):
         # The scheduler hands the manager vllm_config.max_in_flight_tokens
         # (one max_num_batched_tokens per concurrent batch); it caps what a
         # sliding-window / chunked-local request is admitted with.

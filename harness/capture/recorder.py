@@ -406,6 +406,12 @@ def instrument(manager, recorder: Recorder) -> None:
     recorder.manager = manager
     manager._kvconform_recorder = recorder
     manager.__class__ = cls
+    if getattr(manager.kv_cache_config, "hisparse_host_num_blocks", None) is not None:
+        # The header states the HiSparse groups, but the calls of its
+        # connector (hisparse_step / hisparse_ack) are not recorded: a trace
+        # without them would not replay, so it ends after the header.
+        recorder.call(recorder.fail, "HiSparse: its connector's per-step calls are not "
+                      "recorded (the trace holds the header only)")
 
 
 def uninstrument(manager) -> None:

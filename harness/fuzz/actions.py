@@ -52,9 +52,24 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class FinishLoad:
-    """An asynchronous KV load finished: its blocks are cached now."""
+    """An asynchronous KV load finished: its blocks are cached now. A failed
+    load (HiSparse: the connector reports it failed) frees the request and
+    puts it back to waiting with nothing computed."""
 
     req: int
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """HiSparse's workers report on the oldest `count` transfers in flight:
+    each runs on `workers` workers; `split`: only one of them has finished it
+    so far (the others report at a later Ack). Host copies handed out are
+    reported done."""
+
+    count: int
+    workers: int = 1
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,4 +109,4 @@ class Observe:
 
 
 Action = (New | Schedule | Sample | FinishLoad | Finish | Preempt | Reset | Evict
-          | StepBoundary | Observe)
+          | StepBoundary | Observe | Ack)

@@ -35,6 +35,7 @@ TEMPLATES = (
     "mamba_speculative",
     "mamba_checkpoints",
     "retention",
+    "hisparse",
 )
 
 
@@ -46,6 +47,7 @@ TEMPLATE_NEEDS = {
     "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
     "mamba_checkpoints": ("mamba_prefill_checkpoints",),
     "retention": ("prefix_cache_retention",),
+    "hisparse": ("hisparse",),
 }
 
 
@@ -155,6 +157,8 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
                             "mamba_checkpoints"))
         groups, extra = draw_groups(shape, rng, bs, caching)
         return groups, {**extra, "enable_caching": True}
+    if kind == "hisparse":
+        return _hisparse_groups(rng, bs)
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
 
 
@@ -182,6 +186,23 @@ def _fine_hash(rng: random.Random, bs: int, caching: bool) -> dict:
         return {"prefix_match_unit": rng.choice([d for d in (1, 2, 4, 8) if d < bs
                                                  and bs % d == 0])}
     return {}
+
+
+def _hisparse_groups(rng: random.Random, bs: int) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A HiSparse model (specs/KV_CACHE_MANAGER.md §14): the host-backed
+    source group, usually an indexer, and one to three resident + hot pairs,
+    all of one block size; a host pool from a few blocks to plenty."""
+    groups = [GroupConfig(bs, role="hisparse_source")]
+    if rng.random() < 0.8:
+        groups.append(GroupConfig(bs, role="hisparse_indexer"))
+    hot = GroupConfig(bs, "hisparse_hot", blocks_per_request=rng.choice((1, 2, 3)))
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        groups += [GroupConfig(bs, "hisparse_resident"), hot]
+    extra = {"hisparse_host_num_blocks": rng.choice((3, 6, 12, 24, 48, 64, 128, 256))}
+    if rng.random() < 0.4:
+        # A small in-flight window makes requests move to host reads early.
+        extra["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs, 4 * bs))
+    return tuple(groups), extra
 
 
 def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,

@@ -23,6 +23,12 @@
   Mamba boundary states offered to a connector are drained before each step
   boundary, as the scheduler drains them at the end of each schedule pass; a
   finishing request may first hand over its prompt tails (a KV producer).
+- HiSparse: at each step boundary the connector's calls run for the requests
+  scheduled since the last one (hisparse_step); the workers' reports
+  (hisparse_ack) name only transfers and host copies an earlier step handed
+  out, each transfer's worker count once; a finished asynchronous load is
+  reported to the connector before its blocks are cached, a failed one frees
+  the request back to waiting.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from harness.backends.base import Backend
 from harness.cache_config import CacheConfig
 from harness.diff import Failure
 from harness.events import (
+    CHECKPOINT_FIELDS,
     AddRequest,
     Allocate,
     AppendTokens,
@@ -43,6 +50,8 @@ from harness.events import (
     EvictBlocks,
     FinalizePartialTailOffloads,
     Free,
+    HiSparseAck,
+    HiSparseStep,
     Lookup,
     LoRA,
     RecordStats,
@@ -53,6 +62,7 @@ from harness.events import (
 )
 from harness.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
+    Ack,
     Action,
     Evict,
     Finish,
@@ -120,6 +130,13 @@ class Driver:
         self.record_at_admission = profile.stats_recorded_at is StatsRecordedAt.ADMISSION
         self.admission_controls = profile.has_admission_controls
         self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
+        # HiSparse: requests scheduled this step (req -> [first computed token,
+        # tokens scheduled]), transfers in flight ([id, workers told or 0,
+        # completions still due]) and host copies handed out.
+        self.hisparse = config.hisparse
+        self._scheduled: dict[str, list[int]] = {}
+        self._transfers: list[list[int]] = []
+        self._host_copies: list[int] = []
         # Copies are queued only by hits inside blocks.
         self.drain_copies = config.fine_grained_hits(profile)
         # Mamba "align": the scheduler's chunk splitting (see _mamba_split).
@@ -195,10 +212,20 @@ class Driver:
             r = self.reqs.get(a.req)
             if r is None or r.status is not _Status.LOADING:
                 return
-            call(CacheBlocks(f"r{a.req}", r.num_computed))
+            req = f"r{a.req}"
+            if self.hisparse and call(HiSparseAck(
+                    finished_imports=(req,), failed_imports=(req,) if a.failed else ())) is None:
+                return
+            if a.failed and self.hisparse:
+                # Nothing loaded is valid: freed, to be scheduled again.
+                if call(PreemptEvent(req)) is not None:
+                    r.status, r.num_computed = _Status.WAITING, 0
+                return
+            call(CacheBlocks(req, r.num_computed))
             r.status = _Status.WAITING
         elif isinstance(a, Finish):
             if self.reqs.pop(a.req, None) is not None:
+                self._scheduled.pop(f"r{a.req}", None)
                 if a.finalize and self.drain_offers and call(
                         FinalizePartialTailOffloads(f"r{a.req}")) is None:
                     return
@@ -207,6 +234,7 @@ class Driver:
             r = self.reqs.get(a.req)
             if r is None or r.status is not _Status.RUNNING:
                 return
+            self._scheduled.pop(f"r{a.req}", None)
             if call(PreemptEvent(f"r{a.req}")) is not None:
                 r.status, r.num_computed = _Status.WAITING, 0
         elif isinstance(a, Reset):
@@ -216,13 +244,57 @@ class Driver:
             if ids:
                 call(EvictBlocks(ids))
         elif isinstance(a, StepBoundary):
+            if self.hisparse and not self._hisparse_step():
+                return
             if self.drain_copies and call(TakeBlockCopies()) is None:
                 return
             if self.drain_offers and call(TakeBoundaryStateOffloads()) is None:
                 return
             call(Step())
         elif isinstance(a, Observe):
-            call(Checkpoint())
+            call(Checkpoint(CHECKPOINT_FIELDS + ("hisparse",)) if self.hisparse else Checkpoint())
+        elif isinstance(a, Ack):
+            if self.hisparse:
+                self._hisparse_ack(a)
+
+    # -- HiSparse's connector ---------------------------------------------------------
+
+    def _note_scheduled(self, req: str, start: int, count: int) -> None:
+        if not self.hisparse or count < 1:
+            return
+        if req in self._scheduled:
+            self._scheduled[req][1] += count  # scheduled again before the step ended
+        else:
+            self._scheduled[req] = [start, count]
+
+    def _hisparse_step(self) -> bool:
+        if not self._scheduled:
+            return True
+        scheduled = tuple((req, start, count) for req, (start, count) in self._scheduled.items())
+        self._scheduled.clear()
+        answer = self.call(HiSparseStep(scheduled))
+        if answer is None:
+            return False
+        for t in answer["transfers"] or ():
+            self._transfers.append([t["transfer_id"], 0, 0])
+        self._host_copies += [copy for _source, copy in answer["host_copies"]]
+        return True
+
+    def _hisparse_ack(self, a: Ack) -> None:
+        enqueued, completed = [], []
+        for transfer in self._transfers[:max(a.count, 0)]:
+            transfer_id, told, due = transfer
+            if not told:
+                transfer[1] = transfer[2] = due = max(a.workers, 1)
+                enqueued.append((transfer_id, due))
+            done = 1 if a.split and due > 1 else due
+            transfer[2] -= done
+            completed.append((transfer_id, done))
+        self._transfers = [t for t in self._transfers if t[2] > 0 or not t[1]]
+        copies, self._host_copies = tuple(self._host_copies), []
+        if enqueued or completed or copies:
+            self.call(HiSparseAck(copies_done=copies, enqueued=tuple(enqueued),
+                                  completed=tuple(completed)))
 
     def _mamba_split(self, r: _Req, start: int, num_new: int, junction: int = 0) -> int:
         """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
@@ -281,6 +353,7 @@ class Driver:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead))
             if answer is not None and "refused" not in answer:
+                self._note_scheduled(req, r.num_computed, num_new)
                 r.num_computed += num_new
             return
         admission = {}
@@ -298,6 +371,7 @@ class Driver:
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
                                         **admission))
             if answer is not None and "refused" not in answer:
+                self._note_scheduled(req, r.num_computed, num_new)
                 r.num_computed += num_new
                 r.status = _Status.RUNNING
             return
@@ -320,6 +394,7 @@ class Driver:
                                     delay_cache_blocks=delay, **admission))
         if answer is None or "refused" in answer:
             return
+        self._note_scheduled(req, hit + max(external, 0), num_new)
         r.num_computed = hit + max(external, 0) + num_new
         r.status = _Status.LOADING if delay else _Status.RUNNING
         if self.record_at_admission:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 from impl.block_hash import RequestBlockHasher
 from impl.block_pool import BlockPool
+from impl.hisparse.coordinator import HiSparseCoordinator
 from impl.kv_cache_manager import KVCacheManager
 from impl.managers.base import SingleTypeKVCacheManager
 
@@ -53,12 +54,29 @@ def _hash_without_parent(self, request):
     return new
 
 
+def _publish_before_durable(self, request_id):
+    # Fault: HiSparse publishes every computed host page at once, before its
+    # write-back (and those before it) completed.
+    state = self.request_states.get(request_id)
+    if state is None or state.publication is None:
+        return
+    pending = state.publication
+    self.host_manager.publish_blocks(pending.request, pending.num_computed_tokens)
+    state.publication = None
+
+
 # name -> (class, method, replacement)
 FAULTS: dict[str, tuple[type, str, Callable]] = {
     "free-wrong-order": (SingleTypeKVCacheManager, "free", _free_in_allocation_order),
     "touch-keeps-free": (BlockPool, "touch", _touch_without_unlinking),
     "longest-hit-off-by-one": (KVCacheManager, "get_computed_blocks", _lookup_whole_prompt),
     "hash-without-parent": (RequestBlockHasher, "__call__", _hash_without_parent),
+}
+# Faults only a kind's own configs reach: name -> (kind config, class, method,
+# replacement).
+KIND_FAULTS: dict[str, tuple[str, type, str, Callable]] = {
+    "hisparse-publish-before-durable": ("hisparse", HiSparseCoordinator, "_publish_ready",
+                                        _publish_before_durable),
 }
 
 
@@ -67,9 +85,12 @@ def inject(name: str | None) -> Iterator[None]:
     if name is None:
         yield
         return
-    if name not in FAULTS:
-        raise ValueError(f"unknown fault '{name}' (known: {', '.join(FAULTS)})")
-    cls, method, replacement = FAULTS[name]
+    if name in KIND_FAULTS:
+        cls, method, replacement = KIND_FAULTS[name][1:]
+    elif name in FAULTS:
+        cls, method, replacement = FAULTS[name]
+    else:
+        raise ValueError(f"unknown fault '{name}' (known: {', '.join([*FAULTS, *KIND_FAULTS])})")
     original = cls.__dict__[method]
     setattr(cls, method, replacement)
     try:

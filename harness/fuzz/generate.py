@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
+    Ack,
     Action,
     Evict,
     Finish,
@@ -53,6 +55,8 @@ class FuzzConfig:
     weights: dict = field(default_factory=lambda: {
         "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
         "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
+        # HiSparse's workers reporting (a HiSparse kind config weights it).
+        "ack": 0,
     })
 
     @classmethod
@@ -72,6 +76,16 @@ class FuzzConfig:
             raise ValueError(f"unknown fuzz kind(s): {', '.join(unknown_kinds)} "
                              f"(known: {', '.join(TEMPLATES)})")
         return cls(**kwargs)
+
+
+KIND_CONFIGS = Path(__file__).resolve().parent / "kind_configs"
+
+
+def kind_config(kind: str) -> FuzzConfig:
+    """The fuzz config of one kind (harness/fuzz/kind_configs/KIND.yaml)."""
+    import yaml
+
+    return FuzzConfig.from_dict(yaml.safe_load((KIND_CONFIGS / f"{kind}.yaml").read_text()) or {})
 
 
 def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheConfig, list[Action]]:
@@ -96,6 +110,12 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
     # Encoder-decoder models and Mamba state take no connector (external) KV.
     no_external = bool(kinds & {"cross_attention", "mamba"})
     encoder = "cross_attention" in kinds
+    hisparse = config.hisparse
+
+    def finish_load(req: int) -> FinishLoad:
+        # HiSparse imports may fail (then nothing they wrote is readable).
+        return FinishLoad(req, failed=hisparse and rng.random() < 0.2)
+
     docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
             for _ in range(fc.documents)]
     kinds = list(fc.weights)
@@ -140,7 +160,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
                 n = rng.choice((1, 1, 1, 2, bs))
                 actions.append(Sample(req, tuple(rng.randrange(fc.vocab) for _ in range(n))))
             elif follow < 0.6:
-                actions.append(FinishLoad(req))
+                actions.append(finish_load(req))
         elif kind == "sample":
             n = rng.choice((1, 1, 1, 2, bs, 3))
             actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
@@ -149,7 +169,10 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
         elif kind == "preempt":
             actions.append(Preempt(some_req()))
         elif kind == "finish_load":
-            actions.append(FinishLoad(some_req()))
+            actions.append(finish_load(some_req()))
+        elif kind == "ack":
+            actions.append(Ack(rng.choice((1, 1, 2, 4, 1 << 10)), workers=rng.choice((1, 1, 2)),
+                               split=rng.random() < 0.2))
         elif kind == "reset":
             actions.append(Reset())
         elif kind == "evict":

@@ -92,7 +92,7 @@ def to_impl_spec(spec):
         return spec
     name = type(spec).__name__
     if name in ("HiSparseHotSpec", "HiSparseResidentSpec"):
-        raise ImplLacks(F.HISPARSE, name)
+        return _hisparse_spec(spec)
     if name == "EncoderOnlyAttentionSpec":
         raise ImplLacks(F.ENCODER_ONLY, name)
     if isinstance(spec, v.UniformTypeKVCacheSpecs):
@@ -166,31 +166,45 @@ def to_impl_spec(spec):
     raise ImplLacks("KV cache spec kind", name)
 
 
-def to_impl_group(group):
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole
+def _hisparse_spec(spec):
+    from impl.hisparse import specs as hspecs
 
+    _defaults_only(spec, {"block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
+                          "dcp_sharded": F.DCP_UNSHARDED})
+    if type(spec).__name__ == "HiSparseHotSpec":
+        return hspecs.HiSparseHotSpec(block_size=spec.block_size, page_size=spec.page_size,
+                                      blocks_per_request=spec.blocks_per_request)
+    return hspecs.HiSparseResidentSpec(block_size=spec.block_size, page_size=spec.page_size)
+
+
+def to_impl_role(role):
+    """vLLM's group role as impl's (None for an ordinary group)."""
+    if role is None or role.value == ispec.KVCacheGroupRole.DEFAULT.value:
+        return None
+    return ispec.KVCacheGroupRole(role.value)
+
+
+def to_impl_group(group):
+    # enable_kv_transfer is read by connectors only (they keep vLLM's config).
     with Checks() as checks:
         checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
-        checks.require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
-                       F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
-        checks.require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
-    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec)
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
+                                  group.host_resident)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
     """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
     plan is the sizing's output, not the manager's input)."""
     with Checks() as checks:
-        checks.require(config.hisparse_host_num_blocks is None, F.HISPARSE,
-                       "hisparse_host_num_blocks")
         checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
         checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
                        f"kv_tp_replicas={config.kv_tp_replicas}")
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
     return ispec.KVCacheConfig(
         num_blocks=config.num_blocks, kv_cache_groups=groups,
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval)
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        hisparse_host_num_blocks=config.hisparse_host_num_blocks)
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:

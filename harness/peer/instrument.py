@@ -28,9 +28,18 @@ VLLM_KV_MODULES = (
     "vllm.v1.core.kv_cache_utils",
     "vllm.v1.core.kv_cache_metrics",
     "vllm.v1.kv_cache_interface",
+    "vllm.v1.hisparse.coordinator",
+    "vllm.v1.hisparse.layout",
+    "vllm.v1.hisparse.block_pool",
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]
+# Not counted: reads of what a spec or config *is* (its layers, whether it
+# takes part in prefix caching, its replay window), which vLLM's connectors and
+# Scheduler make on the test's own input. They answer nothing about the KV
+# cache; sizing answers (page sizes, memory use) stay counted.
+_DESCRIPTORS = {"prefix_cacheable", "prefix_replay_tokens", "iter_layer_specs",
+                "has_mamba_layers"}
 # Dunders worth counting: construction and the protocols tests drive.
 _DUNDERS = {"__init__", "__call__", "__iter__", "__len__", "__getitem__", "__post_init__"}
 
@@ -87,7 +96,7 @@ def _wrap_vllm_class(cls: type) -> None:
     if post_init is not None and not getattr(post_init, "__kvconform_counted__", False):
         cls.__post_init__ = _quiet_constructor(post_init)
     for name, attr in list(vars(cls).items()):
-        if name.startswith("__"):
+        if name.startswith("__") or name in _DESCRIPTORS:
             continue
         qual = f"{cls.__name__}.{name}"
         if isinstance(attr, staticmethod):
@@ -116,7 +125,7 @@ def install_vllm() -> None:
             if inspect.isclass(attr):
                 if not issubclass(attr, enum.Enum):
                     _wrap_vllm_class(attr)
-            elif inspect.isfunction(attr):
+            elif inspect.isfunction(attr) and name not in _DESCRIPTORS:
                 short = module_name.rsplit('.', 1)[1]
                 setattr(module, name, _counted_vllm(attr, f"{short}.{name}"))
     _vllm_installed[0] = True

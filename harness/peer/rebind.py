@@ -28,8 +28,9 @@ def _entries():
     import vllm.v1.core.kv_cache_manager as vkm
     import vllm.v1.core.kv_cache_utils as vku
     import vllm.v1.core.single_type_kv_cache_manager as vst
+    import vllm.v1.hisparse.coordinator as vhc
 
-    from harness.peer.adapters import hashing, manager, pool, single_type, sizing
+    from harness.peer.adapters import hashing, hisparse, manager, pool, single_type, sizing
 
     pairs = [
         (vkm.KVCacheManager, manager.KVCacheManager),
@@ -39,10 +40,12 @@ def _entries():
         (vku.FreeKVCacheBlockQueue, pool.FreeKVCacheBlockQueue),
         (vku.KVCacheBlock, pool.KVCacheBlock),
         (vst.get_manager_for_kv_cache_spec, single_type.get_manager_for_kv_cache_spec),
+        (vhc.get_hisparse_coordinator, hisparse.get_hisparse_coordinator),
     ]
     for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
                  "SlidingWindowManager", "ChunkedLocalAttentionManager", "MambaManager",
-                 "CrossAttentionManager", "CircularBufferManager", "RSWAManager"):
+                 "CrossAttentionManager", "CircularBufferManager", "RSWAManager",
+                 "HiSparseSourceManager", "HiSparseHotManager", "HiSparseResidentManager"):
         pairs.append((getattr(vst, name), getattr(single_type, name)))
     for name in hashing.ALGORITHMS:
         pairs.append((getattr(vh, name), getattr(hashing, name)))
@@ -114,7 +117,7 @@ class _ProxyModule(types.ModuleType):
 
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
-            "vllm.utils.hashing", "vllm.v1.kv_cache_interface")
+            "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:

@@ -84,6 +84,9 @@ def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfil
         if any_version:
             return None
         raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+    if header.cache.hisparse and not profile.hisparse:
+        raise TraceError(path, 1, "cache.groups", f"vLLM {header.vllm_version} has no HiSparse "
+                         "groups (profile hisparse is false)")
     for i, group in enumerate(header.cache.groups):
         # A knob the trace's release does not have is bad input, not a divergence.
         why = group.refused_by(profile)
@@ -116,9 +119,11 @@ def _parse_header(path: str, raw: bytes) -> TraceHeader:
                          "a trace starts with its header line")
     try:
         validate_header(obj)
+        return header_from_dict(obj)
     except SchemaViolation as e:
         raise TraceError(path, 1, e.field, e.message) from None
-    return header_from_dict(obj)
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, 1, "cache", str(e)) from None
 
 
 class _JsonlObjects:
@@ -174,8 +179,11 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
     header_line = lines["header"].start_mark.line + 1
     try:
         validate_header(doc["header"])
+        header = header_from_dict(doc["header"])
     except SchemaViolation as e:
         raise TraceError(path, header_line, f"header.{e.field}", e.message) from None
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, header_line, "header.cache", str(e)) from None
     events = doc.get("events") or []
     if not isinstance(events, list):
         raise TraceError(path, lines["events"].start_mark.line + 1, "events", "must be a list")
@@ -185,7 +193,7 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         keys = {k.value: k.start_mark.line + 1 for k, _ in n.value} if isinstance(
             n, yaml.MappingNode) else {}
         objects.append((n.start_mark.line + 1, obj, keys.get("answer"), keys.get("expect")))
-    return header_from_dict(doc["header"]), objects
+    return header, objects
 
 
 class _Records:
@@ -198,6 +206,10 @@ class _Records:
         cache = header.cache
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
+        self.hisparse = cache.hisparse
+        # A HiSparse source group's ids are host block ids.
+        self.group_limits = [cache.hisparse_host_num_blocks if g.role == "hisparse_source"
+                             else cache.num_blocks for g in cache.groups]
         self.live: set[str] = set()
 
     @property
@@ -247,15 +259,28 @@ class _Records:
                            f"{self.max_model_len}")
         elif op == "evict_blocks":
             self._check_block_ids(line, "block_ids", obj["block_ids"])
+        elif op in ("hisparse_step", "hisparse_ack") or "hisparse" in obj.get("fields", ()):
+            if not self.hisparse:
+                self._fail(line, "op" if op != "checkpoint" else "fields",
+                           "the trace's model has no HiSparse groups (cache.groups)")
+            for i, (name, _start, _count) in enumerate(obj.get("scheduled", ())):
+                if name not in self.live:
+                    self._fail(line, f"scheduled[{i}]",
+                               f"no request '{name}' (not added, or already freed)")
         answer = obj.get("answer")
         if answer:
             if "block_ids" in answer:
+                limits = self.group_limits
                 for g, ids in enumerate(answer["block_ids"]):
-                    self._check_block_ids(line, f"answer.block_ids[{g}]", ids)
+                    limit = limits[g] if g < len(limits) else self.num_blocks
+                    self._check_block_ids(line, f"answer.block_ids[{g}]", ids, limit)
             if "free_queue" in answer:
                 self._check_block_ids(line, "answer.free_queue", answer["free_queue"])
 
-    def _check_block_ids(self, line: int, field: str, ids: list[int]) -> None:
+    def _check_block_ids(self, line: int, field: str, ids: list[int],
+                         limit: int | None = None) -> None:
+        limit = self.num_blocks if limit is None else limit
         for i, b in enumerate(ids):
-            if b >= self.num_blocks:
-                self._fail(line, f"{field}[{i}]", f"block id {b} >= num_blocks {self.num_blocks}")
+            if b >= limit:
+                what = "num_blocks" if limit == self.num_blocks else "hisparse_host_num_blocks"
+                self._fail(line, f"{field}[{i}]", f"block id {b} >= {what} {limit}")

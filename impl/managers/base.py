@@ -56,6 +56,9 @@ class SingleTypeKVCacheManager:
     skips_tokens: ClassVar[bool] = False
     # Whether hits may end at hash boundaries inside a block.
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    # Whether the group keeps its whole hit when the groups agree on a shorter
+    # one (HiSparse's host tier, §14.2).
+    retains_longer_hit: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                  kv_cache_group_id: int, scheduler_block_size: int | None = None,

@@ -11,7 +11,7 @@ import pytest
 from harness.cases import WORKLOADS, run_workload
 from harness.fuzz.campaign import case_rng, run_case
 from harness.fuzz.configs import TEMPLATES, templates_for
-from harness.fuzz.generate import FuzzConfig, draw_case
+from harness.fuzz.generate import draw_case, kind_config
 from harness.report import format_failure
 from impl.profiles import get_profile
 
@@ -23,7 +23,7 @@ CASES = 40
 def fuzz_cases(kind: str, profile, cases: int = CASES, seed: int = 11):
     """Run `cases` cases of `kind`; return counters of what they reached."""
     seen: collections.Counter = collections.Counter()
-    fc = FuzzConfig(kinds=(kind,))
+    fc = kind_config(kind)
     for i in range(cases):
         config, actions = draw_case(case_rng(seed, i), fc, 40)
         run = run_case(config, actions, profile)

@@ -38,6 +38,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release, profile
     assert api.has_record_prefix_cache_stats == (
         p.stats_recorded_at is StatsRecordedAt.ADMISSION)
     assert bool(api.admission_args) == p.has_admission_controls
+    assert api.has_hisparse == p.hisparse
 
 
 def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
@@ -70,6 +71,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
     retention_from = ("kv_cache_config" if "prefix_cache_retention_interval" in interface
                       else "env" if "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in coordinator
                       else None)
+    hisparse = root / "vllm" / "v1" / "hisparse" / "coordinator.py"
+    hisparse_calls = _functions(hisparse, "HiSparseCoordinator") if hisparse.exists() else {}
     seen = {
         "manager_takes_scheduler_block_size": "scheduler_block_size" in init,
         "in_flight_tokens_arg": next((a for a in ("max_num_batched_tokens",
@@ -90,6 +93,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "has_boundary_state_offloads": "take_boundary_state_offloads" in manager,
         "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
         "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
+        "has_hisparse": "advance_scheduled" in hisparse_calls
+        and "take_residency_updates" in hisparse_calls,
     }
     return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
             if getattr(api, k) != v]

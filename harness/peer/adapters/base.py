@@ -5,6 +5,7 @@ impl objects wrapped in their adapters on the way out."""
 from __future__ import annotations
 
 import functools
+from collections.abc import MutableMapping
 
 from harness.peer import convert
 from harness.peer.lacks import MissingImplAPI
@@ -57,9 +58,38 @@ def unwrap(obj):
         return convert.to_impl_request(obj)
     if type(obj).__module__ == "vllm.v1.kv_cache_interface" and hasattr(obj, "block_size"):
         return convert.to_impl_spec(obj)
-    if isinstance(obj, (list, tuple)) and obj and any(isinstance(x, Adapter) for x in obj):
+    if isinstance(obj, (list, tuple)) and obj and any(
+            isinstance(x, (Adapter, list, tuple)) for x in obj):
+        # Lists of blocks per group hold adapters one level down.
         return type(obj)(unwrap(x) for x in obj)
     return obj
+
+
+class UnwrappingDict(MutableMapping):
+    """An impl object's dict as a test writes into it: values stored are
+    unwrapped (a test may put adapter blocks in a block table), values read
+    are impl's as they are."""
+
+    def __init__(self, target: dict) -> None:
+        self._target = target
+
+    def __getitem__(self, key):
+        return self._target[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._target[key] = unwrap(value)
+
+    def __delitem__(self, key) -> None:
+        del self._target[key]
+
+    def __iter__(self):
+        return iter(self._target)
+
+    def __len__(self) -> int:
+        return len(self._target)
+
+    def __contains__(self, key) -> bool:
+        return key in self._target
 
 
 def forward(fn, renames: dict[str, str] | None = None):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import Adapter, register, unwrap
-from harness.peer.lacks import Checks, ImplLacks, require
+from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.lacks import Checks, ImplLacks
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -28,8 +28,6 @@ class KVCacheManager(Adapter):
                  enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
             checks.require(not use_eagle, F.EAGLE, "KVCacheManager(use_eagle=True)")
-            checks.require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
-                           f"num_prefill_lookahead={num_prefill_lookahead}")
             checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
             config = checks.run(convert.to_impl_config, kv_cache_config)
         if watermark < 0:
@@ -49,6 +47,7 @@ class KVCacheManager(Adapter):
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=max_in_flight_tokens,
             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
+            num_prefill_lookahead=num_prefill_lookahead,
         )
         object.__setattr__(self, "_impl", impl)
         # The test's own input, as vLLM keeps it (impl keeps its converted copy).
@@ -70,7 +69,9 @@ class KVCacheManager(Adapter):
                        num_encoder_tokens=0, full_sequence_must_fit=False,
                        reserved_blocks=0, has_scheduled_reqs=True,
                        skip_zeroing_group_ids=()):
-        require(not skip_zeroing_group_ids, F.ZEROING, "skip_zeroing_group_ids")
+        # skip_zeroing_group_ids only narrows which new blocks are recorded for
+        # the worker to zero; impl records none (take_new_block_ids, the one
+        # place it shows, is refused below), so the argument changes nothing.
         return unwrap(self).allocate_slots(
             convert.to_impl_request(request), num_new_tokens,
             num_new_computed_tokens=num_new_computed_tokens,
@@ -91,7 +92,7 @@ class KVCacheManager(Adapter):
             request_id, processed_computed_tokens, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
-        raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.pop_blocks_for_free")
+        return wrap(unwrap(self).pop_blocks_for_free(convert.to_impl_request(request)))
 
     def truncate_computed_blocks(self, blocks, num_computed_tokens):
         raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.truncate_computed_blocks")
@@ -124,6 +125,19 @@ class KVCacheCoordinator(Adapter):
 
 # One adapter class per coordinator kind, under vLLM's class names (tests
 # check which kind a config gets).
-for _kind in (icoord.KVCacheCoordinatorNoPrefixCache, icoord.UnitaryKVCacheCoordinator,
-              icoord.HybridKVCacheCoordinator):
+for _kind in (icoord.KVCacheCoordinatorNoPrefixCache, icoord.UnitaryKVCacheCoordinator):
     register(_kind)(type(_kind.__name__, (KVCacheCoordinator,), {}))
+
+
+def _hybrid_coordinator_adapter():
+    """The hybrid coordinator's adapter, which vLLM code that checks for its
+    hybrid coordinator class (isinstance) takes for one."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator as VllmHybrid
+
+    adapter = register(icoord.HybridKVCacheCoordinator)(
+        type("HybridKVCacheCoordinator", (KVCacheCoordinator,), {}))
+    VllmHybrid.register(adapter)
+    return adapter
+
+
+HybridKVCacheCoordinator = _hybrid_coordinator_adapter()

@@ -7,7 +7,7 @@ import inspect
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
+from harness.peer.adapters.base import ADAPTER_FOR, Adapter, UnwrappingDict, register, unwrap
 from harness.peer.lacks import ImplLacks, require
 from impl import managers as imanagers
 from impl.managers import base as ibase
@@ -16,6 +16,7 @@ from impl.managers import (
     circular_buffer,
     cross_attention,
     full_attention,
+    hisparse,
     mamba,
     rswa,
     sink_full_attention,
@@ -96,6 +97,16 @@ class _Manager(Adapter):
         return impl.take_new_block_ids()
 
     @property
+    def req_to_blocks(self):
+        return UnwrappingDict(unwrap(self).req_to_blocks)
+
+    @property
+    def _partial_hit_reqs(self):
+        # vLLM's name for the hits ending inside a block that still owe their
+        # request a private copy (impl: _copy_due, the same (index, block)).
+        return UnwrappingDict(unwrap(self)._copy_due)
+
+    @property
     def records_new_block_ids(self):
         impl = unwrap(self)
         if not hasattr(impl, "records_new_block_ids"):
@@ -130,6 +141,9 @@ ChunkedLocalAttentionManager = _manager(chunked_local.ChunkedLocalAttentionManag
                                         "ChunkedLocalAttentionManager")
 MambaManager = _manager(mamba.MambaManager, "MambaManager")
 CrossAttentionManager = _manager(cross_attention.CrossAttentionManager, "CrossAttentionManager")
+HiSparseSourceManager = _manager(hisparse.HiSparseSourceManager, "HiSparseSourceManager")
+HiSparseHotManager = _manager(hisparse.HiSparseHotManager, "HiSparseHotManager")
+HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseResidentManager")
 
 
 CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
@@ -143,9 +157,8 @@ def _takes(fn, name: str) -> bool:
 
 def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model_len,
                                   role=None, **kwargs):
-    require(role is None, F.HISPARSE, f"manager role {role}")
     spec = convert.to_impl_spec(kv_cache_spec)
-    impl_cls = imanagers.manager_class_for(spec)
+    impl_cls = imanagers.manager_class_for(spec, convert.to_impl_role(role))
     kwargs.setdefault("max_admission_blocks_per_request",
                       imanagers.max_admission_blocks_per_request(
                           spec, max_in_flight_tokens, max_model_len))
