@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 from harness.peer import convert
-from harness.peer import features as F
 from harness.peer.lacks import ImplLacks, MissingImplAPI, NotFromImpl
 from impl import block_hash as ihash
 from impl import block_hash_view as iview
@@ -59,11 +58,10 @@ xxhash_cbor = _named("xxhash_cbor")
 
 
 def init_none_hash(hash_fn) -> None:
+    # impl derives NONE_HASH from a named algorithm or any callable.
     name = _algorithm_of(hash_fn)
-    if name is None:
-        raise ImplLacks(F.CUSTOM_HASH, f"init_none_hash({getattr(hash_fn, '__name__', hash_fn)})")
     seed = os.getenv("PYTHONHASHSEED")
-    STATE.none_hash = ihash.none_hash(convert.PROFILE, name, seed)
+    STATE.none_hash = ihash.none_hash(convert.PROFILE, hash_fn if name is None else name, seed)
     STATE.seed = seed
 
 
@@ -129,6 +127,5 @@ def resolve_block_hashes(block_hashes, hash_block_size, block_size, *,
 
 def maybe_convert_block_hash(hash_bytes):
     from harness.peer.adapters.pool import events_use_int_hashes
-    from impl import block_pool as ipool
 
-    return ipool.external_block_hash(hash_bytes, events_use_int_hashes())
+    return ihash.external_block_hash(hash_bytes, events_use_int_hashes())

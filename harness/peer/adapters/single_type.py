@@ -7,7 +7,6 @@ from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
 from harness.peer.lacks import ImplLacks, MissingImplAPI, require
-from impl import kv_cache_sizing as isizing
 from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
@@ -39,13 +38,10 @@ class _Manager(Adapter):
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
         require(not drop_eagle_block, F.EAGLE, "find_longest_cache_hit(drop_eagle_block=True)")
-        spec = convert.to_impl_spec(kv_cache_spec)
-        # impl takes the group's block size in tokens (scaled where DCP shards).
-        block_size = isizing.resolve_dcp_block_size(spec, dcp_world_size)
-        impl_cls = cls._impl_cls
-        blocks, num_tokens = impl_cls.find_longest_cache_hit(
-            block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
-            alignment_tokens, block_size, dcp_world_size,
+        blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
+            block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool),
+            convert.to_impl_spec(kv_cache_spec), alignment_tokens, dcp_world_size,
+            pcp_world_size,
         )
         return blocks, num_tokens
 

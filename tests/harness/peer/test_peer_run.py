@@ -81,19 +81,19 @@ INJECT = textwrap.dedent('''
     import os
 
     if os.environ.get("KVCONFORM_TEST_INJECT"):
-        from impl.managers.full_attention import FullAttentionManager
+        from impl.coordinator import UnitaryKVCacheCoordinator
 
-        original = FullAttentionManager.find_longest_cache_hit.__func__
+        original = UnitaryKVCacheCoordinator.find_longest_cache_hit
 
-        def buggy(cls, *args, **kwargs):
-            blocks, length = original(cls, *args, **kwargs)
+        def buggy(self, *args, **kwargs):
+            blocks, length = original(self, *args, **kwargs)
             if length:
                 for group in blocks:
                     del group[-1:]
-                length -= args[6]
+                length -= self.block_size
             return blocks, length
 
-        FullAttentionManager.find_longest_cache_hit = classmethod(buggy)
+        UnitaryKVCacheCoordinator.find_longest_cache_hit = buggy
 ''')
 
 
