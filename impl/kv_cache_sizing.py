@@ -153,9 +153,18 @@ class UniformTypeKVCacheSpecs:
     def first_spec(self) -> KVCacheSpec:
         return next(iter(self.kv_cache_specs.values()))
 
+    @property
+    def dcp_sharded(self) -> bool:
+        """Layers of one group share one DCP geometry: the first's."""
+        return self.first_spec.dcp_sharded
+
 
 class MergeError(ValueError):
     """Layer specs that cannot share one group spec."""
+
+
+class ReplicationMismatch(MergeError, AssertionError):
+    """DCP-sharded and replicated layers asked to share a group (vLLM asserts)."""
 
 
 def _attention_fields(spec: AttentionSpec) -> tuple:
@@ -166,6 +175,10 @@ def _attention_fields(spec: AttentionSpec) -> tuple:
 def merge_specs(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
     """One spec for layers sharing a group (vLLM: type(specs[0]).merge)."""
     first = specs[0]
+    if any(s.dcp_sharded != first.dcp_sharded for s in specs):
+        # A group has one block geometry: DCP-sharded and replicated layers
+        # cannot share it.
+        raise ReplicationMismatch("DCP-sharded and replicated layers in one group")
     if type(first) in (FullAttentionSpec, SinkFullAttentionSpec):
         if not all(isinstance(s, FullAttentionSpec) for s in specs):
             raise MergeError("full attention shares a group only with full attention")

@@ -55,8 +55,9 @@ class AttentionSpec(KVCacheSpec):
     dtype_size: int = 4  # bytes per element of the cache dtype: 2 for bf16, 1 for fp8
     head_size_v: int | None = None  # where V's head size is not K's
     page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
-
-    dcp_sharded = True
+    # False: every DCP rank keeps the whole KV (a draft model beside a
+    # sharded target), so a block spans only its own block size.
+    dcp_sharded: bool = field(default=True, kw_only=True)
 
     @property
     def v_head_size(self) -> int:
@@ -125,9 +126,14 @@ class MambaSpec(KVCacheSpec):
 class KVCacheGroupSpec:
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # Holds an EAGLE / MTP drafter's layers (specs/KV_CACHE_MANAGER.md §15).
+    is_eagle_group: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheConfig:
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = field(default_factory=tuple)
+    # The worker zeroes new attention blocks before use (Mamba layers or
+    # mixed precisions), so managers record the ids they hand out (§16.4).
+    needs_kv_cache_zeroing: bool = False

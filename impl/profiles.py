@@ -102,6 +102,19 @@ class KVCacheTensorPlan(str, Enum):
     STRIDED = "strided"
 
 
+class EagleDropGroups(str, Enum):
+    """Which KV cache groups drop the last matched unit of a prefix hit for
+    an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md section 15).
+
+    `eagle_group_ids` is the same in both: the groups flagged as draft
+    groups, or all of them when none is flagged and `use_eagle` is set."""
+
+    # 0.32: every group of eagle_group_ids drops, use_eagle or not.
+    FLAGGED_OR_ALL = "flagged_or_all"
+    # 0.33: those groups drop only when use_eagle is set.
+    FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -158,6 +171,10 @@ class VersionProfile:
     # `needs_kv_cache_zeroing` argument its own coordinator passes, so a sink
     # group cannot be built; the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
+    # Which groups drop a unit of each hit for EAGLE / MTP; None: this
+    # release's EAGLE lookups are not modelled (0.17 drops on every pass of
+    # the hybrid loop), so a manager with EAGLE is refused.
+    eagle_drop_groups: EagleDropGroups | None
 
 
 PROFILES: dict[str, VersionProfile] = {
@@ -185,6 +202,7 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=False,
         sink_manager_rejects_zeroing_arg=False,
+        eagle_drop_groups=None,
     ),
     "0.32": VersionProfile(
         name="0.32",
@@ -210,6 +228,7 @@ PROFILES: dict[str, VersionProfile] = {
         kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
         unify_pads_pages=True,
         sink_manager_rejects_zeroing_arg=True,
+        eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
     ),
 }
 
