@@ -102,15 +102,14 @@ def to_impl_spec(spec):
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
-    with Checks() as checks:
-        checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
-        checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
+    _defaults_only(spec, _ATTENTION_UNSUPPORTED)
     common = dict(
         block_size=spec.block_size,
         num_kv_heads=spec.num_kv_heads,
         head_size=spec.head_size,
         dtype_size=_dtype_size(spec.dtype),
         page_size_padded=spec.page_size_padded,
+        dcp_sharded=spec.dcp_sharded,
     )
     if isinstance(spec, v.MLAAttentionSpec):
         # cache_dtype_str: the MLA cache format; vLLM never groups layers of
@@ -145,12 +144,12 @@ def to_impl_group(group):
     from vllm.v1.kv_cache_interface import KVCacheGroupRole
 
     with Checks() as checks:
-        checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
         checks.require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
                        F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
         checks.require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
-    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec)
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec,
+                                  is_eagle_group=group.is_eagle_group)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
@@ -165,7 +164,27 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
         checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
                        f"kv_tp_replicas={config.kv_tp_replicas}")
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
-    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
+    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups,
+                               needs_kv_cache_zeroing=_zeroes_new_blocks(config))
+
+
+def _zeroes_new_blocks(config) -> bool:
+    """vLLM's config says so through a property of its own code (counted as
+    a vLLM answer); the same from its fields: state-space layers, or device
+    attention caches of more than one precision."""
+    from vllm.v1 import kv_cache_interface as v
+
+    def layer_specs(spec):
+        if isinstance(spec, v.UniformTypeKVCacheSpecs):
+            return list(spec.kv_cache_specs.values())
+        return [spec]
+
+    specs = [(g, s) for g in config.kv_cache_groups for s in layer_specs(g.kv_cache_spec)]
+    if any(isinstance(s, v.MambaSpec) for _, s in specs):
+        return True
+    precisions = {(s.dtype, s.kv_quant_mode) for g, s in specs
+                  if isinstance(s, v.AttentionSpec) and not g.host_resident}
+    return len(precisions) > 1
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:
@@ -217,8 +236,6 @@ def to_impl_request(request) -> ireq.Request:
     status = _STATUS.get(vstatus.name) if vstatus is not None else ireq.RequestStatus.WAITING
     if status is None:
         raise ImplLacks("request status", vstatus.name)
-    require(getattr(request, "kv_cache_report_mode", "incremental") != "full",
-            F.REPORT_MODE_FULL)
     require(not getattr(request, "shared_prefix_boundary", 0), F.RETENTION,
             "Request.shared_prefix_boundary")
     if mirror is None:
@@ -239,6 +256,7 @@ def to_impl_request(request) -> ireq.Request:
     mirror.mm_features = _mm_features(request)
     mirror.skip_reading_prefix_cache = getattr(request, "skip_reading_prefix_cache", False)
     mirror.session_id = getattr(request, "session_id", None)
+    mirror.kv_cache_report_mode = getattr(request, "kv_cache_report_mode", "incremental")
     mirror.num_computed_tokens = getattr(request, "num_computed_tokens", 0)
     mirror.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
     mirror.num_preemptions = getattr(request, "num_preemptions", 0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.peer import features as F
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -32,6 +34,13 @@ FINDINGS: dict[str, Finding] = {
         _FAIL, "divergence: merging specs that cannot share a group raises MergeError (a "
                "ValueError) in impl for every mismatch; vLLM raises AssertionError for "
                "mismatched specs and ValueError only for mismatched windows"),
+    "test_free_kv_cache_block_queue_operations": Finding(
+        _NA, "asserts on the text of vLLM's error message for an empty free queue (impl "
+             "raises the same ValueError in its own words: clean room)"),
+    "test_mamba_partial_tail_hits_below_eagle_proof_boundary": Finding(
+        _FAIL, "impl lacks the Mamba prompt-tail checkpoint one hash block earlier under "
+               "EAGLE (drop_eagle_checkpoint_block is set; the Mamba manager does not read it)",
+        F.MAMBA_EAGLE_CHECKPOINT),
     "test_resolve_block_hashes_rejects_mismatched_view": Finding(
         _FAIL, "divergence: resolve_block_hashes returns a view built at another block "
                "size unchanged; vLLM refuses it (AssertionError)"),

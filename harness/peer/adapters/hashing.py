@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from harness.peer import convert
-from harness.peer.lacks import ImplLacks, MissingImplAPI, NotFromImpl
+from harness.peer.lacks import ImplLacks
 from impl import block_hash as ihash
 from impl import block_hash_view as iview
 
@@ -83,14 +83,17 @@ def get_request_block_hasher(hash_block_size: int, caching_hash_fn):
 
 
 def hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys=None):
-    raise MissingImplAPI("impl.block_hash", "hash_block_tokens")
+    # vLLM's first block hashes from its process-wide NONE_HASH: the one
+    # init_none_hash made (impl takes it as an argument).
+    return ihash.hash_block_tokens(impl_hash_fn(hash_function), parent_block_hash,
+                                   curr_block_token_ids, extra_keys,
+                                   none_hash=STATE.none_hash)
 
 
 def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
-    keys = ihash.block_extra_keys(convert.to_impl_request(request), start_token_idx,
-                                  end_token_idx, convert.PROFILE.tagged_extra_keys)
-    return keys, NotFromImpl("the next multimodal feature index",
-                             "API: generate_block_hash_extra_keys' next mm feature index")
+    return ihash.generate_block_hash_extra_keys(
+        convert.to_impl_request(request), start_token_idx, end_token_idx, start_mm_idx,
+        convert.PROFILE.tagged_extra_keys)
 
 
 def to_event_extra_keys(extra_keys):

@@ -25,11 +25,10 @@ class _Manager(Adapter):
     def __init__(self, kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
                  scheduler_block_size=None, dcp_world_size=1, pcp_world_size=1,
                  needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
-        require(not needs_kv_cache_zeroing, F.ZEROING, "needs_kv_cache_zeroing=True")
         impl = self._impl_cls(
             convert.to_impl_spec(kv_cache_spec), unwrap(block_pool), enable_caching,
             kv_cache_group_id, scheduler_block_size, dcp_world_size, pcp_world_size,
-            max_admission_blocks_per_request,
+            max_admission_blocks_per_request, needs_kv_cache_zeroing=needs_kv_cache_zeroing,
         )
         object.__setattr__(self, "_impl", impl)
 
@@ -37,11 +36,10 @@ class _Manager(Adapter):
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
-        require(not drop_eagle_block, F.EAGLE, "find_longest_cache_hit(drop_eagle_block=True)")
         blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool),
             convert.to_impl_spec(kv_cache_spec), alignment_tokens, dcp_world_size,
-            pcp_world_size,
+            pcp_world_size, drop_eagle_block=drop_eagle_block,
         )
         return blocks, num_tokens
 
@@ -66,18 +64,10 @@ class _Manager(Adapter):
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
                                           num_external_computed_tokens,
                                           record_for_zeroing=True):
-        # The flag only matters when blocks are recorded for zeroing (refused
-        # at construction above).
         impl = unwrap(self)
         type(impl).allocate_external_computed_blocks(
-            impl, request_id, num_local_computed_tokens, num_external_computed_tokens)
-
-    def take_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "take_new_block_ids")
-
-    @property
-    def records_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "records_new_block_ids")
+            impl, request_id, num_local_computed_tokens, num_external_computed_tokens,
+            record_for_zeroing)
 
     def take_pending_boundary_state_offloads(self):
         raise ImplLacks(F.BOUNDARY_OFFLOADS, "take_pending_boundary_state_offloads")

@@ -83,8 +83,8 @@ def _layout(vllm_config) -> str:
 def _check_config(vllm_config) -> None:
     if _field(vllm_config, "scheduler_config", "disable_hybrid_kv_cache_manager"):
         raise MissingImplAPI("impl.kv_cache_sizing", "unify_hybrid_kv_cache_specs")
-    require(_field(vllm_config, "speculative_config") is None, F.EAGLE,
-            "speculative_config (draft groups)")
+    require(_field(vllm_config, "speculative_config") is None, F.DRAFT_GROUP_ANNOTATION,
+            "speculative_config")
     hisparse = getattr(getattr(vllm_config, "attention_config", None), "hisparse_config", None)
     require(not hisparse, F.HISPARSE, "attention_config.hisparse_config")
 
