@@ -47,6 +47,11 @@ class GroupConfig:
     sink_len: int | None = None
     # "none" or "align"; None: as vLLM picks it ("align" with prefix caching).
     mamba_cache_mode: str | None = None
+    # The group holds an EAGLE / MTP drafter's layers (vLLM's is_eagle_group).
+    is_eagle_group: bool = False
+    # False: attention KV kept whole on every DCP rank (a replicated draft),
+    # so a block spans only block_size tokens under DCP.
+    dcp_sharded: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -59,6 +64,9 @@ class GroupConfig:
                 raise ValueError(f"{name} does not apply to a {self.kind} group")
         if self.mamba_cache_mode is not None and self.kind != "mamba":
             raise ValueError(f"mamba_cache_mode does not apply to a {self.kind} group")
+        if not self.dcp_sharded and self.kind == "mamba":
+            raise ValueError("dcp_sharded does not apply to a mamba group (its state is "
+                             "never sharded)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,11 @@ class CacheConfig:
     # Tokens scheduled but not yet settled (caps sliding-window admission);
     # None: max_model_len, as vLLM's KVCacheManager defaults it.
     max_in_flight_tokens: int | None = None
+    # Speculative decoding with an EAGLE / MTP drafter: prefix hits of the
+    # draft groups (every group when none is flagged) drop their last unit.
+    use_eagle: bool = False
+    # Multi-module MTP: tokens after a chunk's end the drafter writes again.
+    num_prefill_lookahead: int = 0
 
     @property
     def block_size(self) -> int:
@@ -102,18 +115,20 @@ class CacheConfig:
 
     def kv_cache_spec(self, g: GroupConfig) -> KVCacheSpec:
         bs = g.block_size
+        shard = {} if g.dcp_sharded else {"dcp_sharded": False}
         if g.kind == "full_attention":
-            return FullAttentionSpec(bs)
+            return FullAttentionSpec(bs, **shard)
         if g.kind == "mla_attention":
-            return MLAAttentionSpec(bs)
+            return MLAAttentionSpec(bs, **shard)
         if g.kind == "sink_full_attention":
-            return SinkFullAttentionSpec(bs, sink_len=g.sink_len)
+            return SinkFullAttentionSpec(bs, sink_len=g.sink_len, **shard)
         if g.kind == "sliding_window":
-            return SlidingWindowSpec(bs, sliding_window=g.sliding_window)
+            return SlidingWindowSpec(bs, sliding_window=g.sliding_window, **shard)
         if g.kind == "chunked_local_attention":
-            return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size)
+            return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size,
+                                             **shard)
         if g.kind == "cross_attention":
-            return CrossAttentionSpec(bs)
+            return CrossAttentionSpec(bs, **shard)
         return MambaSpec(bs, shapes=((1,),), dtype_sizes=(4,),
                          mamba_cache_mode=self.mamba_cache_mode(g))
 

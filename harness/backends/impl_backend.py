@@ -15,8 +15,8 @@ from impl.request import Request, RequestStatus
 
 def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
     groups = tuple(
-        KVCacheGroupSpec((f"layer.{i}",), spec)
-        for i, spec in enumerate(config.kv_cache_specs())
+        KVCacheGroupSpec((f"layer.{i}",), spec, is_eagle_group=g.is_eagle_group)
+        for i, (g, spec) in enumerate(zip(config.groups, config.kv_cache_specs()))
     )
     return KVCacheConfig(config.num_blocks, groups)
 
@@ -47,6 +47,8 @@ class ImplBackend(Backend):
             pcp_world_size=config.pcp_world_size,
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=config.max_in_flight_tokens,
+            use_eagle=config.use_eagle,
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
         self.hasher = RequestBlockHasher(
             hash_block_size,
@@ -82,6 +84,7 @@ class ImplBackend(Backend):
             embeds_row_bytes=4 * ev.prompt_embeds.dim if ev.prompt_embeds else 0,
             skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
             session_id=ev.session_id,
+            kv_cache_report_mode=ev.kv_cache_report_mode,
         )
         self.hasher.update(request)
         return request

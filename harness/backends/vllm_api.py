@@ -53,6 +53,14 @@ class VllmApi:
     # parallelism).
     block_sizes_rule: BlockSizesRule
     hybrid_block_sizes_rule: BlockSizesRule
+    # KVCacheGroupSpec takes is_eagle_group (groups holding draft layers).
+    group_takes_is_eagle_group: bool = False
+    # KVCacheManager.__init__ takes num_prefill_lookahead (multi-module MTP).
+    manager_takes_num_prefill_lookahead: bool = False
+    # Attention specs take dcp_sharded (a replicated draft under DCP).
+    spec_takes_dcp_sharded: bool = False
+    # Requests read kv_cache_report_mode from the sampling params' extra args.
+    request_reads_report_mode: bool = False
 
     def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
         return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
@@ -76,7 +84,8 @@ _V017 = VllmApi(
     hybrid_block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
+                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD,
+                group_takes_is_eagle_group=True)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
                 admission_args=_ADMISSION[:2])
@@ -84,13 +93,16 @@ _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_a
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
                 block_sizes_rule=BlockSizesRule.LCM_GCD,
                 get_computed_blocks_arity=3, has_block_copies=True,
-                sink_manager_rejects_zeroing_arg=True)
+                sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
-_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
-_V033 = replace(_V028, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
+_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True,
+                manager_takes_num_prefill_lookahead=True)
+_V031 = replace(_V028, since="0.31.0", spec_takes_dcp_sharded=True)
+_V033 = replace(_V031, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
 
 # Oldest first; a release takes the last row whose `since` it has reached.
-SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V033)
+SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V031,
+                               _V033)
 
 
 def api_for(version: str) -> VllmApi:

@@ -89,6 +89,8 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
 
     attention = dict(block_size=g.block_size, num_kv_heads=1, head_size=1,
                      dtype=torch.float32)
+    if not g.dcp_sharded:
+        attention["dcp_sharded"] = False
     if g.kind == "full_attention":
         return kvi.FullAttentionSpec(**attention)
     if g.kind == "mla_attention":
@@ -126,6 +128,21 @@ def _accept_zeroing_arg_in_sink_manager() -> None:
 
     __init__._kvconform_shim = True
     SinkFullAttentionManager.__init__ = __init__
+
+
+def _check_api_has(api: VllmApi, config: CacheConfig, release: str) -> None:
+    """Refuse a knob the release's API cannot take, naming the trace field."""
+    wanted = (
+        (any(g.is_eagle_group for g in config.groups), api.group_takes_is_eagle_group,
+         "cache.groups.is_eagle_group", "KV cache groups have no is_eagle_group"),
+        (any(not g.dcp_sharded for g in config.groups), api.spec_takes_dcp_sharded,
+         "cache.groups.dcp_sharded", "attention specs have no dcp_sharded"),
+        (bool(config.num_prefill_lookahead), api.manager_takes_num_prefill_lookahead,
+         "cache.num_prefill_lookahead", "KVCacheManager takes no num_prefill_lookahead"),
+    )
+    for used, supported, field, what in wanted:
+        if used and not supported:
+            raise BackendError(f"vLLM {release}: {what}", field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +204,10 @@ class VllmBackend(Backend):
             g.kind == "sink_full_attention" for g in config.groups
         ):
             _accept_zeroing_arg_in_sink_manager()
+        _check_api_has(api, config, self._release)
         groups = [
-            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
+            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g),
+                             **({"is_eagle_group": True} if g.is_eagle_group else {}))
             for i, g in enumerate(config.groups)
         ]
         kv_cache_config = KVCacheConfig(
@@ -217,6 +236,10 @@ class VllmBackend(Backend):
             if not api.manager_takes_watermark:
                 raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
             kwargs["watermark"] = config.watermark
+        if config.use_eagle:
+            kwargs["use_eagle"] = True
+        if config.num_prefill_lookahead:
+            kwargs["num_prefill_lookahead"] = config.num_prefill_lookahead
         self.manager = KVCacheManager(kv_cache_config, **kwargs)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
@@ -273,8 +296,15 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} requests have no session_id",
                                    "session_id")
             kwargs["session_id"] = ev.session_id
+        extra = {}
+        if ev.kv_cache_report_mode != "incremental":
+            if not self.api.request_reads_report_mode:
+                raise BackendError(f"vLLM {self._release} requests have no "
+                                   "kv_cache_report_mode", "kv_cache_report_mode")
+            extra["extra_args"] = {"kv_cache_report_mode": ev.kv_cache_report_mode}
         params = self._SamplingParams(
-            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache
+            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
+            **extra,
         )
         return self._Request(
             request_id=ev.req,
