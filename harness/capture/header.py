@@ -52,10 +52,8 @@ def group_config_of(group, manager=None) -> GroupConfig:
         raise CaptureGap(f"KV cache group of {name}: traces carry only "
                          f"{', '.join(_KINDS)} groups")
     kind, manager_name, field = _KINDS[name]
-    for attr, default in (("is_eagle_group", False), ("host_resident", False)):
-        if getattr(group, attr, default) != default:
-            raise CaptureGap(f"KV cache group with {attr}={getattr(group, attr)!r}: "
-                             "traces cannot say so")
+    if getattr(group, "host_resident", False):
+        raise CaptureGap("KV cache group with host_resident=True: traces cannot say so")
     role = getattr(group, "role", None)
     if role is not None and getattr(role, "name", "DEFAULT") != "DEFAULT":
         raise CaptureGap(f"KV cache group with role {role}: traces cannot say so")
@@ -77,6 +75,11 @@ def group_config_of(group, manager=None) -> GroupConfig:
             raise CaptureGap(f"Mamba group with mamba_cache_mode={mode!r}: traces carry "
                              "'none' and 'align' only")
         kwargs["mamba_cache_mode"] = mode
+    # A drafter's group, and attention kept whole on every DCP rank.
+    if getattr(group, "is_eagle_group", False):
+        kwargs["is_eagle_group"] = True
+    if kind != "mamba" and not getattr(spec, "dcp_sharded", True):
+        kwargs["dcp_sharded"] = False
     return GroupConfig(spec.block_size, kind, **kwargs)
 
 
@@ -113,6 +116,13 @@ def cache_config_of(scheduler) -> CacheConfig:
         in_flight = getattr(scheduler.vllm_config, "max_in_flight_tokens", None)
         if in_flight is not None:
             extra["max_in_flight_tokens"] = int(in_flight)
+    # Speculative decoding: what the scheduler built its manager with (it
+    # passes use_eagle only when the drafter drops blocks).
+    if getattr(getattr(scheduler, "kv_cache_manager", None), "use_eagle", False):
+        extra["use_eagle"] = True
+    lookahead = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    if lookahead:
+        extra["num_prefill_lookahead"] = lookahead
     config = CacheConfig(
         num_blocks=kv_cache_config.num_blocks,
         groups=groups,
