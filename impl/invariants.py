@@ -54,6 +54,9 @@ def check_invariants(manager: KVCacheManager) -> None:
         stray = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
         raise InvariantViolation(_count_message(stray, refs[stray], 0))
     _check_whole_key_map(manager)
+    _check_eagle_groups(manager)
+    for group in manager.coordinator.single_type_managers:
+        _check_zeroing_ids(pool, group.kv_cache_group_id, group.new_block_ids)
 
 
 def _walk_free_queue(pool) -> set[int]:
@@ -136,6 +139,30 @@ def _stale_entry_message(key: bytes, block: KVCacheBlock) -> str:
     return f"hash map entry {key.hex()[:12]} points at block {block.block_id} whose hash is {own}"
 
 
+def _check_eagle_groups(manager: KVCacheManager) -> None:
+    """Only draft groups drop the last unit of a hit for EAGLE, and groups
+    looked up together drop together (their hits are one answer)."""
+    coordinator = manager.coordinator
+    drafts = coordinator.eagle_group_ids
+    for group_id in coordinator.drop_eagle_group_ids:
+        if group_id not in drafts:
+            raise InvariantViolation(f"group {group_id} drops for EAGLE but is no draft group")
+    managers = coordinator.single_type_managers
+    for batch in getattr(coordinator, "attention_groups", ()):
+        flags = {managers[g].use_eagle for g in batch.group_ids}
+        if flags != {batch.use_eagle}:
+            raise InvariantViolation(f"groups {batch.group_ids}, looked up together, disagree "
+                                     f"on dropping for EAGLE")
+
+
+def _check_zeroing_ids(pool, group_id: int, ids) -> None:
+    """Ids recorded for the worker to zero name real blocks, never the null block."""
+    for block_id in ids:
+        if not 0 <= block_id < len(pool.blocks) or block_id == pool.null_block.block_id:
+            raise InvariantViolation(f"group {group_id} records block id {block_id} for "
+                                     "zeroing: not a block it could have handed out")
+
+
 # -- who holds what -------------------------------------------------------------------
 
 _COPY = "<pending copy>"  # not a request id: those come from traces
@@ -212,6 +239,8 @@ class InvariantChecker:
                       if (keys := _keys_of(pool, block))}
         self._num_keys = sum(len(keys) for keys in self._keys.values())
         self._reserved = _reserved_ids(manager)
+        # How many ids each group had recorded for zeroing at the last check.
+        self._zeroing_seen = [len(group.new_block_ids) for group in self._groups]
         self._wrap_pool(pool)
 
     def _adopt_table(self, g: int, request_id: str, table: list[KVCacheBlock]) -> None:
@@ -293,6 +322,13 @@ class InvariantChecker:
         if entries != self._num_keys:
             raise InvariantViolation(f"{self._num_keys} block keys exist but the map holds "
                                      f"{entries}")
+        _check_eagle_groups(self._manager)
+        for g, group in enumerate(self._groups):
+            ids = group.new_block_ids
+            seen = self._zeroing_seen[g]
+            # Only what was recorded since (a drained list starts over).
+            _check_zeroing_ids(pool, g, ids[seen:] if seen <= len(ids) else ids)
+            self._zeroing_seen[g] = len(ids)
 
     def _forget_all_keys(self) -> None:
         self._cleared = False
