@@ -8,6 +8,7 @@ request recomputes that unit. The kinds apply the drop in their lookups
 (`drop_eagle_block`); this module only decides who drops and the unit.
 """
 
+import dataclasses
 from collections.abc import Sequence
 
 from impl.kv_cache_spec import KVCacheGroupSpec
@@ -50,3 +51,34 @@ def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained: bool
     if fine_grained and block_size > hash_block_size:
         return hash_block_size
     return block_size
+
+
+# -- finding the draft groups when layers are grouped --------------------------------
+
+# Models whose multi-token-prediction drafter reuses the target's decoder
+# layer under a method other than "mtp" (its layers carry no marker either).
+_TRAILING_DRAFT_MODELS = frozenset({"deepseek_v4", "deepseek_v41"})
+
+
+def uses_trailing_draft_layers(method: str | None, model_type: str | None) -> bool:
+    """Whether the drafter's KV layers are the last ones registered (an MTP
+    block: nothing in its specs tells it from the target's)."""
+    return method == "mtp" or model_type in _TRAILING_DRAFT_MODELS
+
+
+def annotate_draft_groups(groups: Sequence[KVCacheGroupSpec], layer_order: Sequence[str],
+                          trailing_layers: bool, marked_layers: frozenset[str] = frozenset()
+                          ) -> list[KVCacheGroupSpec]:
+    """The groups of a model served with an EAGLE / MTP drafter, its draft
+    groups flagged (specs §15): every group holding a layer its spec marks as
+    a drafter's; and, for drafters registered after the target, the group
+    holding the last layer, when the groups cover every layer exactly once
+    (else "last" means nothing)."""
+    flagged = [any(name in marked_layers for name in g.layer_names) for g in groups]
+    if trailing_layers and layer_order:
+        names = [name for g in groups for name in g.layer_names]
+        if len(names) == len(layer_order) and set(names) == set(layer_order):
+            last = layer_order[-1]
+            flagged = [f or last in g.layer_names for f, g in zip(flagged, groups)]
+    return [dataclasses.replace(g, is_eagle_group=True) if f and not g.is_eagle_group else g
+            for f, g in zip(flagged, groups)]

@@ -37,6 +37,10 @@ FINDINGS: dict[str, Finding] = {
     "test_free_kv_cache_block_queue_operations": Finding(
         _NA, "asserts on the text of vLLM's error message for an empty free queue (impl "
              "raises the same ValueError in its own words: clean room)"),
+    "test_unidentifiable_draft_with_mamba_warns": Finding(
+        _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
+    "test_non_mtp_eagle_hybrid_still_warns": Finding(
+        _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
     "test_mamba_partial_tail_hits_below_eagle_proof_boundary": Finding(
         _FAIL, "impl lacks the Mamba prompt-tail checkpoint one hash block earlier under "
                "EAGLE (drop_eagle_checkpoint_block is set; the Mamba manager does not read it)",

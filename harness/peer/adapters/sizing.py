@@ -19,6 +19,7 @@ import dataclasses
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.lacks import MissingImplAPI, require
+from impl import eagle as ieagle
 from impl import kv_cache_sizing as isizing
 
 REBOUND = (
@@ -77,14 +78,16 @@ def _layout(vllm_config) -> str:
     if cache is None:
         return "LBNHC"  # a stand-in config without a cache config: vLLM's default
     layout = cache.get_resolved_kv_cache_layout()
+    if not hasattr(layout, "name") and hasattr(layout, "is_block_outermost"):
+        # A test's stand-in layout says only whether blocks are outermost,
+        # all that grouping reads of it: a layout name of that kind.
+        return "BLHNC" if layout.is_block_outermost else "LBNHC"
     return getattr(layout, "name", str(layout))
 
 
 def _check_config(vllm_config) -> None:
     if _field(vllm_config, "scheduler_config", "disable_hybrid_kv_cache_manager"):
         raise MissingImplAPI("impl.kv_cache_sizing", "unify_hybrid_kv_cache_specs")
-    require(_field(vllm_config, "speculative_config") is None, F.DRAFT_GROUP_ANNOTATION,
-            "speculative_config")
     hisparse = getattr(getattr(vllm_config, "attention_config", None), "hisparse_config", None)
     require(not hisparse, F.HISPARSE, "attention_config.hisparse_config")
 
@@ -132,7 +135,8 @@ def to_vllm_groups(groups, specs_by_layer):
             template = UniformTypeKVCacheSpecs(
                 block_size=g.kv_cache_spec.block_size,
                 kv_cache_specs={n: specs_by_layer[n] for n in g.layer_names})
-        out.append(KVCacheGroupSpec(list(g.layer_names), to_vllm_spec(g.kv_cache_spec, template)))
+        out.append(KVCacheGroupSpec(list(g.layer_names), to_vllm_spec(g.kv_cache_spec, template),
+                                    is_eagle_group=g.is_eagle_group))
     return out
 
 
@@ -143,6 +147,14 @@ def get_kv_cache_groups(vllm_config, kv_cache_spec):
     _check_config(vllm_config)
     groups = isizing.get_kv_cache_groups(convert.to_impl_specs(kv_cache_spec),
                                          convert.PROFILE.unify_pads_pages, _layout(vllm_config))
+    spec_config = _field(vllm_config, "speculative_config")
+    if spec_config is not None and spec_config.use_eagle_block_drop():
+        # vLLM's grouping also flags the drafter's groups; impl does that in
+        # a function of its own, given the speculative method's facts.
+        model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
+        trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
+            spec_config.method, model_type)
+        groups = ieagle.annotate_draft_groups(groups, list(kv_cache_spec), trailing)
     return to_vllm_groups(groups, kv_cache_spec)
 
 
