@@ -300,9 +300,11 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             if self._drops and run:
                 run.pop()  # an EAGLE drafter recomputes the last block
             return (run,), len(run) * size
+        # The group's DCP geometry, but the process's PCP size (as vLLM passes
+        # them: a replicated sliding window under PCP is refused).
         return only.find_longest_cache_hit(
             block_hashes, max_cache_hit_length, (0,), self.block_pool, self.kv_cache_spec,
-            self.block_size, only.dcp_world_size, only.pcp_world_size,
+            self.block_size, only.dcp_world_size, self.pcp_world_size,
             drop_eagle_block=self._drops)
 
 

@@ -40,9 +40,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         """Scanning leftwards from max_length, the first run of enough cached
         blocks wins; its right end (after an EAGLE drop) must sit on an
         aligned boundary."""
-        if dcp_world_size != 1:
+        if dcp_world_size != 1 or pcp_world_size != 1:
             raise AssertionError("sliding-window groups cannot be sharded across "
-                                 "decode context-parallel ranks")
+                                 "context-parallel ranks")
         size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
                                       block_pool.profile.coarse_block_hash)

@@ -252,3 +252,11 @@ def test_a_hybrid_under_context_parallelism_takes_only_replicated_windows():
         manager(FullAttentionSpec(4), window, dcp_world_size=2, scheduler_block_size=8)
     replicated = SlidingWindowSpec(4, sliding_window=8, dcp_sharded=False)
     manager(FullAttentionSpec(4), replicated, dcp_world_size=2, scheduler_block_size=8)
+
+
+def test_a_lone_replicated_window_under_pcp_is_refused_at_lookup():
+    # One group is looked up with the process's PCP size (as vLLM does), and
+    # a sliding window cannot be split across prefill ranks.
+    m = manager(SlidingWindowSpec(4, sliding_window=8, dcp_sharded=False), pcp_world_size=2)
+    with pytest.raises(AssertionError, match="context-parallel"):
+        m.get_computed_blocks(request("a", range(9)))
