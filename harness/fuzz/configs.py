@@ -31,6 +31,9 @@ TEMPLATES = (
     "hybrid_eagle",
     "context_parallel_draft",
 )
+# Templates drawing EAGLE / MTP drafters: only for profiles that model EAGLE
+# (profile.eagle_drop_groups; 0.17 does not).
+EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft")
 
 
 def _window(rng: random.Random, bs: int) -> int:
@@ -88,7 +91,7 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
     if kind == "hybrid_mixed":
         sw = GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))
         return (full, sw, GroupConfig(bs, "mamba")), {}
-    if kind in ("eagle", "hybrid_eagle", "context_parallel_draft"):
+    if kind in EAGLE_TEMPLATES:
         return draw_eagle_groups(kind, rng, bs, caching)
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
 
