@@ -90,6 +90,11 @@ class GroupConfig:
     prefill_checkpoint_alignment: int | None = None
     blocks_per_request: int | None = None  # hisparse_hot groups: the region's size
     role: str | None = None  # full_attention groups of a HiSparse model: ROLES
+    # The group holds an EAGLE / MTP drafter's layers (vLLM's is_eagle_group).
+    is_eagle_group: bool = False
+    # False: attention KV kept whole on every DCP rank (a replicated draft),
+    # so a block spans only block_size tokens under DCP.
+    dcp_sharded: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -111,6 +116,9 @@ class GroupConfig:
         if self.role is not None and (self.role not in ROLES or self.kind != "full_attention"):
             raise ValueError(f"role {self.role!r} does not apply to a {self.kind} group "
                              f"(full_attention groups may be {' or '.join(ROLES)})")
+        if not self.dcp_sharded and self.kind in ("mamba", *HISPARSE_KINDS):
+            raise ValueError(f"dcp_sharded does not apply to a {self.kind} group (its "
+                             "blocks are never sharded)")
 
     def refused_by(self, profile: VersionProfile) -> str | None:
         """Why the release of `profile` has no such group (None: it has)."""
@@ -176,6 +184,11 @@ class CacheConfig:
     def hisparse(self) -> bool:
         """Whether the model has HiSparse groups (specs/KV_CACHE_MANAGER.md §14)."""
         return any(g.hisparse for g in self.groups)
+    # Speculative decoding with an EAGLE / MTP drafter: prefix hits of the
+    # draft groups (every group when none is flagged) drop their last unit.
+    use_eagle: bool = False
+    # Multi-module MTP: tokens after a chunk's end the drafter writes again.
+    num_prefill_lookahead: int = 0
 
     @property
     def block_size(self) -> int:
@@ -193,24 +206,26 @@ class CacheConfig:
 
     def kv_cache_spec(self, g: GroupConfig) -> KVCacheSpec:
         bs = g.block_size
+        shard = {} if g.dcp_sharded else {"dcp_sharded": False}
         if g.kind == "full_attention":
-            return FullAttentionSpec(bs)
+            return FullAttentionSpec(bs, **shard)
         if g.kind == "mla_attention":
-            return MLAAttentionSpec(bs, cache_role=g.cache_role)
+            return MLAAttentionSpec(bs, cache_role=g.cache_role, **shard)
         if g.kind == "sliding_window_mla":
-            return SlidingWindowMLASpec(bs, sliding_window=g.sliding_window)
+            return SlidingWindowMLASpec(bs, sliding_window=g.sliding_window, **shard)
         if g.kind == "rswa":
-            return RSWASpec(bs, rswa_window=g.rswa_window)
+            return RSWASpec(bs, rswa_window=g.rswa_window, **shard)
         if g.kind == "circular_buffer":
-            return CircularBufferSpec(bs)
+            return CircularBufferSpec(bs, **shard)
         if g.kind == "sink_full_attention":
-            return SinkFullAttentionSpec(bs, sink_len=g.sink_len)
+            return SinkFullAttentionSpec(bs, sink_len=g.sink_len, **shard)
         if g.kind == "sliding_window":
-            return SlidingWindowSpec(bs, sliding_window=g.sliding_window)
+            return SlidingWindowSpec(bs, sliding_window=g.sliding_window, **shard)
         if g.kind == "chunked_local_attention":
-            return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size)
+            return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size,
+                                             **shard)
         if g.kind == "cross_attention":
-            return CrossAttentionSpec(bs)
+            return CrossAttentionSpec(bs, **shard)
         if g.kind == "hisparse_resident":
             return HiSparseResidentSpec(bs, page_size=hisparse_page_size(bs))
         if g.kind == "hisparse_hot":

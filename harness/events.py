@@ -65,6 +65,9 @@ class AddRequest(Event):
     prompt_embeds: PromptEmbeds | None = None
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
+    # "full": hits are announced again as KV events (vLLM: the sampling
+    # params' extra argument kv_cache_report_mode).
+    kv_cache_report_mode: str = "incremental"
 
 
 @dataclass(slots=True)

@@ -186,6 +186,22 @@ class BlockPool:
             ))
         return key
 
+    def emit_cached_block_events(self, request: Request, num_cached_blocks: int,
+                                 block_size: int, kv_cache_group_id: int) -> None:
+        """Publish the first `num_cached_blocks` blocks of a request's hit as
+        stored again (for consumers that asked for full reports): one
+        BlockStored from the first block, keys and block state untouched."""
+        if self._events is None or not num_cached_blocks:
+            return
+        hashes = request.block_hashes
+        if block_size != self.hash_block_size:
+            hashes = resolve_block_hashes(hashes, self.hash_block_size, block_size,
+                                          self.profile.coarse_block_hash)
+        ranges = [(i * block_size, (i + 1) * block_size) for i in range(num_cached_blocks)]
+        self.kv_event_queue.append(self._events.stored(
+            request, [hashes[i] for i in range(num_cached_blocks)], None, 0,
+            num_cached_blocks * block_size, block_size, kv_cache_group_id, ranges))
+
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
         """Re-home src_block's entries on dst_block (a copy the cache keeps
         while src_block's owner overwrites it). The entries stay live: no event."""

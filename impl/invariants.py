@@ -65,6 +65,9 @@ def check_invariants(manager: KVCacheManager) -> None:
         for request_id in group.req_to_blocks:
             _check_table_shape(group, request_id)
     _check_boundary_states(manager)
+    _check_eagle_groups(manager)
+    for group in manager.coordinator.single_type_managers:
+        _check_zeroing_ids(pool, group.kv_cache_group_id, group.new_block_ids)
 
 
 def _check_table_shape(group, request_id: str) -> None:
@@ -176,6 +179,30 @@ def _stale_entry_message(key: bytes, block: KVCacheBlock) -> str:
     return f"hash map entry {key.hex()[:12]} points at block {block.block_id} whose hash is {own}"
 
 
+def _check_eagle_groups(manager: KVCacheManager) -> None:
+    """Only draft groups drop the last unit of a hit for EAGLE, and groups
+    looked up together drop together (their hits are one answer)."""
+    coordinator = manager.coordinator
+    drafts = coordinator.eagle_group_ids
+    for group_id in coordinator.drop_eagle_group_ids:
+        if group_id not in drafts:
+            raise InvariantViolation(f"group {group_id} drops for EAGLE but is no draft group")
+    managers = coordinator.single_type_managers
+    for batch in getattr(coordinator, "attention_groups", ()):
+        flags = {managers[g].use_eagle for g in batch.group_ids}
+        if flags != {batch.use_eagle}:
+            raise InvariantViolation(f"groups {batch.group_ids}, looked up together, disagree "
+                                     f"on dropping for EAGLE")
+
+
+def _check_zeroing_ids(pool, group_id: int, ids) -> None:
+    """Ids recorded for the worker to zero name real blocks, never the null block."""
+    for block_id in ids:
+        if not 0 <= block_id < len(pool.blocks) or block_id == pool.null_block.block_id:
+            raise InvariantViolation(f"group {group_id} records block id {block_id} for "
+                                     "zeroing: not a block it could have handed out")
+
+
 # -- who holds what -------------------------------------------------------------------
 
 _COPY = "<pending copy>"  # not a request id: those come from traces
@@ -259,6 +286,8 @@ class InvariantChecker:
         self._reserved = _reserved_ids(manager)
         self._mamba_align = any(getattr(group, "mamba_cache_mode", None) == "align"
                                 for group in self._groups)
+        # How many ids each group had recorded for zeroing at the last check.
+        self._zeroing_seen = [len(group.new_block_ids) for group in self._groups]
         self._wrap_pool(pool)
 
     def _adopt_table(self, g: int, request_id: str, table: list[KVCacheBlock]) -> None:
@@ -353,6 +382,13 @@ class InvariantChecker:
                                      f"{entries}")
         if self._mamba_align:
             _check_boundary_states(self._manager)
+        _check_eagle_groups(self._manager)
+        for g, group in enumerate(self._groups):
+            ids = group.new_block_ids
+            seen = self._zeroing_seen[g]
+            # Only what was recorded since (a drained list starts over).
+            _check_zeroing_ids(pool, g, ids[seen:] if seen <= len(ids) else ids)
+            self._zeroing_seen[g] = len(ids)
 
     def _forget_all_keys(self) -> None:
         self._cleared = False

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
 
+from impl.eagle import annotate_draft_groups
 from impl.kv_cache_sizing import (
     KVCacheConfigPlan,
     UniformTypeKVCacheSpecs,
@@ -58,6 +59,11 @@ class KVCachePlanningConfig:
     # The profile's sizing rules.
     pad_pages: bool = True
     tensor_plan: KVCacheTensorPlan = KVCacheTensorPlan.STRIDED
+    # Speculative decoding whose drafter drops hit tails (EAGLE / MTP): the
+    # groups holding draft layers are flagged (specs §15); `trailing`: the
+    # drafter's layers are the last ones registered.
+    flags_draft_groups: bool = False
+    draft_layers_trailing: bool = False
 
     def usage(self, spec, max_model_len: int | None = None) -> int:
         """One request's bytes in a group of this spec."""
@@ -67,8 +73,12 @@ class KVCachePlanningConfig:
             self.max_num_encoder_input_tokens, self.mamba_cache_mode)
 
     def groups(self, specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
-        return get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
-                                   self.disable_hybrid_kv_cache_manager)
+        order = list(specs)  # before grouping may rewrite the specs in place
+        groups = get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
+                                     self.disable_hybrid_kv_cache_manager)
+        if self.flags_draft_groups:
+            groups = annotate_draft_groups(groups, order, self.draft_layers_trailing)
+        return groups
 
     def plan(self, groups: Sequence[KVCacheGroupSpec], memory: int) -> KVCacheConfigPlan:
         return get_kv_cache_config_from_groups(groups, memory, self.tensor_plan,
@@ -169,7 +179,9 @@ def project_kv_cache_groups_to_worker(groups: Sequence[KVCacheGroupSpec],
         if mine and isinstance(spec, UniformTypeKVCacheSpecs):
             spec = UniformTypeKVCacheSpecs(spec.block_size,
                                            {n: spec.kv_cache_specs[n] for n in mine})
-        out.append(KVCacheGroupSpec(tuple(mine), spec))
+        # A worker holding none of a drafter's layers has no draft group.
+        out.append(KVCacheGroupSpec(tuple(mine), spec,
+                                    is_eagle_group=group.is_eagle_group and bool(mine)))
     return out
 
 

@@ -79,8 +79,9 @@ class AttentionSpec(KVCacheSpec):
     # Tokens one stored state covers: k > 1 compresses k tokens into a state,
     # Fraction(1, k) stores k states per token, <= 0 one state a block.
     tokens_per_state: int | fractions.Fraction = 1
-
-    dcp_sharded = True
+    # False: every DCP rank keeps the whole KV (a draft model beside a
+    # sharded target), so a block spans only its own block size.
+    dcp_sharded: bool = True
 
     @property
     def v_head_size(self) -> int:
@@ -239,6 +240,8 @@ class KVCacheGroupSpec:
     # publishes them once durable) and the indexer group; None elsewhere.
     role: KVCacheGroupRole | None = None
     host_resident: bool = False
+    # Holds an EAGLE / MTP drafter's layers (specs/KV_CACHE_MANAGER.md §15).
+    is_eagle_group: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,3 +258,6 @@ class KVCacheConfig:
     # How many blocks HiSparse's host pool has, null block included; only a
     # model with a HiSparse source group has one.
     hisparse_host_num_blocks: int | None = None
+    # The worker zeroes new attention blocks before use (Mamba layers or
+    # mixed precisions), so managers record the ids they hand out (§16.4).
+    needs_kv_cache_zeroing: bool = False

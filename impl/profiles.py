@@ -102,6 +102,19 @@ class KVCacheTensorPlan(str, Enum):
     STRIDED = "strided"
 
 
+class EagleDropGroups(str, Enum):
+    """Which KV cache groups drop the last matched unit of a prefix hit for
+    an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md section 15).
+
+    `eagle_group_ids` is the same in both: the groups flagged as draft
+    groups, or all of them when none is flagged and `use_eagle` is set."""
+
+    # 0.32: every group of eagle_group_ids drops, use_eagle or not.
+    FLAGGED_OR_ALL = "flagged_or_all"
+    # 0.33: those groups drop only when use_eagle is set.
+    FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -170,6 +183,10 @@ class VersionProfile:
     # Mamba releases blocks as if num_speculative_blocks fewer tokens were
     # computed (0.17: drafts of the last step may still be rejected).
     mamba_release_lags_speculative_blocks: bool
+    # Which groups drop a unit of each hit for EAGLE / MTP; None: this
+    # release's EAGLE lookups are not modelled (0.17 drops on every pass of
+    # the hybrid loop), so a manager with EAGLE is refused.
+    eagle_drop_groups: EagleDropGroups | None
     # Attention kinds the release has (0.17 none of them): R-SWA groups that
     # give back the gap between prompt and window (0.25+); circular-buffer
     # groups, one ring block a request (0.29+); sliding-window MLA and MLA
@@ -215,6 +232,7 @@ PROFILES: dict[str, VersionProfile] = {
         circular_buffer_groups=False,
         sparse_mla_groups=False,
         hisparse=False,
+        eagle_drop_groups=None,
     ),
     "0.32": VersionProfile(
         name="0.32",
@@ -248,6 +266,7 @@ PROFILES: dict[str, VersionProfile] = {
         circular_buffer_groups=True,
         sparse_mla_groups=True,
         hisparse=True,
+        eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
     ),
 }
 

@@ -50,6 +50,9 @@ class Request:
     embeds_row_bytes: int = 0
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
+    # "full": the KV events also re-announce the blocks a hit reuses (vLLM
+    # reads it from the sampling params' extra arguments); else "incremental".
+    kv_cache_report_mode: str = "incremental"
     num_computed_tokens: int = 0
     # Scheduled tokens whose output is not in yet (async scheduling): their
     # step may still read blocks the computed count says are behind a window.

@@ -18,7 +18,7 @@ def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
     groups = tuple(
         # A HiSparse source group's blocks live in the host pool.
         KVCacheGroupSpec((f"layer.{i}",), config.kv_cache_spec(g), config.group_role(g),
-                         g.role == "hisparse_source")
+                         g.role == "hisparse_source", is_eagle_group=g.is_eagle_group)
         for i, g in enumerate(config.groups)
     )
     return KVCacheConfig(config.num_blocks, groups,
@@ -56,6 +56,8 @@ class ImplBackend(Backend):
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=config.max_in_flight_tokens,
             enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
+            use_eagle=config.use_eagle,
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
         self.hasher = RequestBlockHasher(
             hash_block_size,
@@ -93,6 +95,7 @@ class ImplBackend(Backend):
             embeds_row_bytes=4 * ev.prompt_embeds.dim if ev.prompt_embeds else 0,
             skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
             session_id=ev.session_id,
+            kv_cache_report_mode=ev.kv_cache_report_mode,
         )
         self.hasher.update(request)
         return request

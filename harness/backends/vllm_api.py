@@ -68,6 +68,14 @@ class VllmApi:
     has_finalize_partial_tail_offloads: bool
     # KVCacheManager.__init__ takes enable_mamba_shared_prefix_checkpoint.
     manager_takes_shared_prefix_checkpoint: bool
+    # KVCacheGroupSpec takes is_eagle_group (groups holding draft layers).
+    group_takes_is_eagle_group: bool = False
+    # KVCacheManager.__init__ takes num_prefill_lookahead (multi-module MTP).
+    manager_takes_num_prefill_lookahead: bool = False
+    # Attention specs take dcp_sharded (a replicated draft under DCP).
+    spec_takes_dcp_sharded: bool = False
+    # Requests read kv_cache_report_mode from the sampling params' extra args.
+    request_reads_report_mode: bool = False
 
     def block_sizes_rule_for(self, num_groups: int) -> BlockSizesRule:
         return self.block_sizes_rule if num_groups == 1 else self.hybrid_block_sizes_rule
@@ -97,7 +105,8 @@ _V017 = VllmApi(
     manager_takes_shared_prefix_checkpoint=False,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD)
+                hybrid_block_sizes_rule=BlockSizesRule.LCM_GCD,
+                group_takes_is_eagle_group=True)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
                 admission_args=_ADMISSION[:2], retention_interval_from="env")
@@ -105,13 +114,15 @@ _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_a
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
                 block_sizes_rule=BlockSizesRule.LCM_GCD,
                 get_computed_blocks_arity=3, has_block_copies=True,
-                sink_manager_rejects_zeroing_arg=True)
+                sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
-_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
+_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True,
+                manager_takes_num_prefill_lookahead=True)
 _V029 = replace(_V028, since="0.29.0", retention_interval_from="kv_cache_config",
                 mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
 _V030 = replace(_V029, since="0.30.0", has_finalize_partial_tail_offloads=True)
-_V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True)
+_V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True,
+                spec_takes_dcp_sharded=True)
 _V032 = replace(_V031, since="0.32.0", has_hisparse=True)
 _V033 = replace(_V032, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning")
 

@@ -89,6 +89,8 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
 
     attention = dict(block_size=g.block_size, num_kv_heads=1, head_size=1,
                      dtype=torch.float32)
+    if not g.dcp_sharded:
+        attention["dcp_sharded"] = False
     if g.kind == "full_attention":
         return kvi.FullAttentionSpec(**attention)
     if g.kind == "mla_attention":
@@ -135,14 +137,14 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
 def _vllm_group(config: CacheConfig, i: int, g: GroupConfig, api):
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
-    if g.role is None:
-        return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api))
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole  # 0.30+ (has_hisparse)
+    # is_eagle_group only when set: releases before 0.20 have no such field.
+    extra = {"is_eagle_group": True} if g.is_eagle_group else {}
+    if g.role is not None:
+        from vllm.v1.kv_cache_interface import KVCacheGroupRole  # 0.30+ (has_hisparse)
 
-    # A HiSparse source group's blocks live in the host pool.
-    return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api),
-                            role=KVCacheGroupRole(g.role),
-                            host_resident=g.role == "hisparse_source")
+        # A HiSparse source group's blocks live in the host pool.
+        extra.update(role=KVCacheGroupRole(g.role), host_resident=g.role == "hisparse_source")
+    return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api), **extra)
 
 
 def _accept_zeroing_arg_in_sink_manager() -> None:
@@ -162,6 +164,21 @@ def _accept_zeroing_arg_in_sink_manager() -> None:
 
     __init__._kvconform_shim = True
     SinkFullAttentionManager.__init__ = __init__
+
+
+def _check_api_has(api: VllmApi, config: CacheConfig, release: str) -> None:
+    """Refuse a knob the release's API cannot take, naming the trace field."""
+    wanted = (
+        (any(g.is_eagle_group for g in config.groups), api.group_takes_is_eagle_group,
+         "cache.groups.is_eagle_group", "KV cache groups have no is_eagle_group"),
+        (any(not g.dcp_sharded for g in config.groups), api.spec_takes_dcp_sharded,
+         "cache.groups.dcp_sharded", "attention specs have no dcp_sharded"),
+        (bool(config.num_prefill_lookahead), api.manager_takes_num_prefill_lookahead,
+         "cache.num_prefill_lookahead", "KVCacheManager takes no num_prefill_lookahead"),
+    )
+    for used, supported, field, what in wanted:
+        if used and not supported:
+            raise BackendError(f"vLLM {release}: {what}", field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +243,7 @@ class VllmBackend(Backend):
             _accept_zeroing_arg_in_sink_manager()
         if config.hisparse and not api.has_hisparse:
             raise BackendError(f"vLLM {self._release} has no HiSparse", "cache.groups")
+        _check_api_has(api, config, self._release)
         groups = [_vllm_group(config, i, g, api) for i, g in enumerate(config.groups)]
         retention = config.prefix_cache_retention_interval
         extra = {}
@@ -268,6 +286,10 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} has no Mamba shared-prefix "
                                    "checkpoints", "cache.enable_mamba_shared_prefix_checkpoint")
             kwargs["enable_mamba_shared_prefix_checkpoint"] = True
+        if config.use_eagle:
+            kwargs["use_eagle"] = True
+        if config.num_prefill_lookahead:
+            kwargs["num_prefill_lookahead"] = config.num_prefill_lookahead
         # Releases reading the retention interval from the environment read it
         # while the manager is built.
         env_retention = (str(retention) if retention is not None
@@ -334,8 +356,15 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} requests have no session_id",
                                    "session_id")
             kwargs["session_id"] = ev.session_id
+        extra = {}
+        if ev.kv_cache_report_mode != "incremental":
+            if not self.api.request_reads_report_mode:
+                raise BackendError(f"vLLM {self._release} requests have no "
+                                   "kv_cache_report_mode", "kv_cache_report_mode")
+            extra["extra_args"] = {"kv_cache_report_mode": ev.kv_cache_report_mode}
         params = self._SamplingParams(
-            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache
+            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
+            **extra,
         )
         return self._Request(
             request_id=ev.req,

@@ -39,6 +39,8 @@ _MUST_BE_DEFAULT = ("extra_retained_tokens", "bounded_replay")
 # MambaSpec fields a trace's Mamba group carries, with their default.
 _MAMBA_FIELDS = (("num_speculative_blocks", 0), ("num_prefill_checkpoint_blocks", 0),
                  ("prefill_checkpoint_alignment", None))
+# Kinds whose blocks are never DCP-sharded (a trace states no dcp_sharded).
+_UNSHARDED_KINDS = ("mamba", "hisparse_resident", "hisparse_hot")
 # Kinds whose admission cap depends on the tokens in flight (and HiSparse's
 # resident pages, added below).
 _RECYCLING = ("sliding_window", "chunked_local_attention")
@@ -66,8 +68,6 @@ def group_config_of(group, manager=None) -> GroupConfig:
         raise CaptureGap(f"KV cache group of {name}: traces carry only "
                          f"{', '.join(_KINDS)} groups")
     kind, manager_name, field = _KINDS[name]
-    if getattr(group, "is_eagle_group", False):
-        raise CaptureGap("KV cache group with is_eagle_group=True: traces cannot say so")
     role_name = getattr(getattr(group, "role", None), "name", "DEFAULT")
     role = None
     if role_name != "DEFAULT":
@@ -103,6 +103,11 @@ def group_config_of(group, manager=None) -> GroupConfig:
             kwargs[attr] = getattr(spec, attr, default)
     if role is not None:
         kwargs["role"] = role
+    # A drafter's group, and attention kept whole on every DCP rank.
+    if getattr(group, "is_eagle_group", False):
+        kwargs["is_eagle_group"] = True
+    if kind not in _UNSHARDED_KINDS and not getattr(spec, "dcp_sharded", True):
+        kwargs["dcp_sharded"] = False
     return GroupConfig(spec.block_size, kind, **kwargs)
 
 
@@ -142,6 +147,13 @@ def cache_config_of(scheduler) -> CacheConfig:
         in_flight = getattr(scheduler.vllm_config, "max_in_flight_tokens", None)
         if in_flight is not None:
             extra["max_in_flight_tokens"] = int(in_flight)
+    # Speculative decoding: what the scheduler built its manager with (it
+    # passes use_eagle only when the drafter drops blocks).
+    if getattr(getattr(scheduler, "kv_cache_manager", None), "use_eagle", False):
+        extra["use_eagle"] = True
+    lookahead = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    if lookahead:
+        extra["num_prefill_lookahead"] = lookahead
     config = CacheConfig(
         num_blocks=kv_cache_config.num_blocks,
         groups=groups,

@@ -172,6 +172,9 @@ class Recorder:
         session_id = getattr(request, "session_id", None)
         if session_id is not None:
             ev["session_id"] = session_id
+        report = getattr(request, "kv_cache_report_mode", "incremental")
+        if report != "incremental":
+            ev["kv_cache_report_mode"] = report
         hashed = getattr(request, "_block_hasher", None) is not None
         num_prompt_hashes = len(prompt) // self.hash_block_size if hashed else 0
         # The engine hashes a request only with prefix caching (or a KV

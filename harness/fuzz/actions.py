@@ -21,6 +21,8 @@ class New:
     # Encoder tokens (encoder-decoder models): cross-attention blocks for them
     # are allocated at each admission.
     encoder_tokens: int = 0
+    # kv_cache_report_mode "full": hits are announced again as KV events.
+    full_report: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,13 @@ TEMPLATES = (
     "mamba_checkpoints",
     "retention",
     "hisparse",
+    "eagle",
+    "hybrid_eagle",
+    "context_parallel_draft",
 )
+# Templates drawing EAGLE / MTP drafters: only for profiles that model EAGLE
+# (profile.eagle_drop_groups; 0.17 does not).
+EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft")
 
 
 # The profile flags (impl/profiles.py) a template's groups need: a release
@@ -48,6 +54,8 @@ TEMPLATE_NEEDS = {
     "mamba_checkpoints": ("mamba_prefill_checkpoints",),
     "retention": ("prefix_cache_retention",),
     "hisparse": ("hisparse",),
+    # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
+    **{t: ("eagle_drop_groups",) for t in EAGLE_TEMPLATES},
 }
 
 
@@ -159,6 +167,8 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
         return groups, {**extra, "enable_caching": True}
     if kind == "hisparse":
         return _hisparse_groups(rng, bs)
+    if kind in EAGLE_TEMPLATES:
+        return draw_eagle_groups(kind, rng, bs, caching)
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
 
 
@@ -203,6 +213,59 @@ def _hisparse_groups(rng: random.Random, bs: int) -> tuple[tuple[GroupConfig, ..
         # A small in-flight window makes requests move to host reads early.
         extra["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs, 4 * bs))
     return tuple(groups), extra
+
+
+def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
+                      ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """Speculative decoding with an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md
+    section 15): one group; a hybrid whose draft group is flagged (or none,
+    then every group drops); a draft kept whole on every rank beside a
+    DCP-sharded target. Never chunked local attention (vLLM refuses its hits
+    with EAGLE) nor Mamba (its checkpoints under EAGLE: another branch)."""
+    extra = {"use_eagle": rng.random() < 0.85}
+    if kind == "eagle":
+        group = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention"),
+                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))))
+        if rng.random() < 0.3:
+            group = GroupConfig(**{**_fields(group), "is_eagle_group": True})
+        groups: tuple[GroupConfig, ...] = (group,)
+    elif kind == "hybrid_eagle":
+        sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
+        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=_window(rng, sw_bs))
+        draft_full = GroupConfig(rng.choice((bs, 2 * bs)), is_eagle_group=True)
+        groups = rng.choice((
+            (GroupConfig(bs), GroupConfig(**{**_fields(sw), "is_eagle_group": True})),
+            (GroupConfig(bs, is_eagle_group=True), sw),
+            (GroupConfig(bs), sw, draft_full),
+            (GroupConfig(bs), sw),  # none flagged: every group drops
+            (GroupConfig(bs), draft_full),
+        ))
+    else:
+        draft = rng.choice((GroupConfig(bs, dcp_sharded=False),
+                            GroupConfig(bs, "mla_attention", dcp_sharded=False),
+                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs),
+                                        dcp_sharded=False)))
+        draft = GroupConfig(**{**_fields(draft), "is_eagle_group": rng.random() < 0.8})
+        target = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention")))
+        groups = (target, draft) if rng.random() < 0.85 else (draft,)
+        # A lone group is looked up with the process's PCP size, which a
+        # sliding window refuses.
+        lone_window = len(groups) == 1 and draft.kind == "sliding_window"
+        extra.update(dcp_world_size=rng.choice((2, 4)),
+                     pcp_world_size=1 if lone_window else rng.choice((1, 1, 2)))
+    if rng.random() < 0.3:
+        # Multi-module MTP: with caching and a draft group, vLLM wants the
+        # scheduler block to hold the lookahead.
+        scheduler_block = CacheConfig(num_blocks=2, groups=groups,
+                                      **extra).scheduler_block_size
+        choices = [n for n in (2, 3, bs) if 2 <= n <= scheduler_block] if caching else [2, 3]
+        if choices:
+            extra["num_prefill_lookahead"] = rng.choice(choices)
+    return groups, extra
+
+
+def _fields(group: GroupConfig) -> dict:
+    return {name: getattr(group, name) for name in GroupConfig.__dataclass_fields__}
 
 
 def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,

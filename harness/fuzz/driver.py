@@ -199,7 +199,8 @@ class Driver:
             self.reqs[a.req] = _Req(len(a.prompt), num_prompt=len(a.prompt),
                                     encoder_tokens=a.encoder_tokens)
             call(AddRequest(f"r{a.req}", list(a.prompt), cache_salt=a.cache_salt,
-                            lora=_lora(a.lora) if a.lora else None))
+                            lora=_lora(a.lora) if a.lora else None,
+                            kv_cache_report_mode="full" if a.full_report else "incremental"))
         elif isinstance(a, Schedule):
             self._schedule(a)
         elif isinstance(a, Sample):

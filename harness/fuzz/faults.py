@@ -12,9 +12,11 @@ from contextlib import contextmanager
 
 from impl.block_hash import RequestBlockHasher
 from impl.block_pool import BlockPool
+from impl.coordinator import HybridKVCacheCoordinator
 from impl.hisparse.coordinator import HiSparseCoordinator
 from impl.kv_cache_manager import KVCacheManager
 from impl.managers.base import SingleTypeKVCacheManager
+from impl.managers.full_attention import FullAttentionManager
 
 
 def _free_in_allocation_order(self, request_id):
@@ -65,12 +67,34 @@ def _publish_before_durable(self, request_id):
     state.publication = None
 
 
+def _no_proof_margin(self, batch):
+    # Fault: a dropping batch looks no further than the candidate, so after
+    # its drop the hybrid hit lands one unit short.
+    return 0
+
+
+_real_full_lookup = FullAttentionManager.find_longest_cache_hit.__func__
+
+
+def _full_attention_keeps_last_block(cls, *args, drop_eagle_block=False, **kwargs):
+    # Fault: full attention ignores EAGLE and keeps the last matched block.
+    return _real_full_lookup(cls, *args, **kwargs)
+
+
 # name -> (class, method, replacement)
 FAULTS: dict[str, tuple[type, str, Callable]] = {
     "free-wrong-order": (SingleTypeKVCacheManager, "free", _free_in_allocation_order),
     "touch-keeps-free": (BlockPool, "touch", _touch_without_unlinking),
     "longest-hit-off-by-one": (KVCacheManager, "get_computed_blocks", _lookup_whole_prompt),
     "hash-without-parent": (RequestBlockHasher, "__call__", _hash_without_parent),
+    "eagle-no-proof-margin": (HybridKVCacheCoordinator, "_margin", _no_proof_margin),
+    "eagle-keeps-last-block": (FullAttentionManager, "find_longest_cache_hit",
+                               classmethod(_full_attention_keeps_last_block)),
+}
+# The fuzz kinds a fault shows in (default: the plain full-attention config).
+FAULT_KINDS: dict[str, tuple[str, ...]] = {
+    "eagle-no-proof-margin": ("hybrid_eagle",),
+    "eagle-keeps-last-block": ("eagle", "hybrid_eagle"),
 }
 # Faults only a kind's own configs reach: name -> (kind config, class, method,
 # replacement).

@@ -50,6 +50,9 @@ class FuzzConfig:
     max_prompt_blocks: int = 6
     p_salt: float = 0.1
     p_lora: float = 0.1
+    # Requests asking for full KV reports (hits re-announced as events); 0
+    # draws nothing, so seeded programs of configs without it stay as they were.
+    p_full_report: float = 0.0
     # Attention kinds / hybrids a case is drawn from (harness/fuzz/configs.py).
     kinds: tuple[str, ...] = ("full_attention",)
     weights: dict = field(default_factory=lambda: {
@@ -140,6 +143,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int) -> tuple[CacheCo
                 cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
                 lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
                 encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if encoder else 0,
+                full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
             ))
         elif kind == "schedule":
             ext = 0 if no_external else rng.choice((0, 0, 0, bs, 2 * bs + 1))

@@ -76,6 +76,7 @@ def _attention_geometry(spec) -> dict:
         num_head_slots=spec.num_head_slots,
         state_content_bytes=spec.state_content_bytes,
         tokens_per_state=spec.tokens_per_state,
+        dcp_sharded=spec.dcp_sharded,
     )
 
 
@@ -120,9 +121,7 @@ def to_impl_spec(spec):
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
-    with Checks() as checks:
-        checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
-        checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
+    _defaults_only(spec, _ATTENTION_UNSUPPORTED)
     common = _attention_geometry(spec)
     if isinstance(spec, v.MLAAttentionSpec):
         checks_mla = {"non_causal_multi_token_decode": F.EAGLE}
@@ -187,10 +186,9 @@ def to_impl_role(role):
 def to_impl_group(group):
     # enable_kv_transfer is read by connectors only (they keep vLLM's config).
     with Checks() as checks:
-        checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
     return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
-                                  group.host_resident)
+                                  group.host_resident, is_eagle_group=group.is_eagle_group)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
@@ -204,7 +202,27 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
     return ispec.KVCacheConfig(
         num_blocks=config.num_blocks, kv_cache_groups=groups,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        hisparse_host_num_blocks=config.hisparse_host_num_blocks)
+        hisparse_host_num_blocks=config.hisparse_host_num_blocks,
+        needs_kv_cache_zeroing=_zeroes_new_blocks(config))
+
+
+def _zeroes_new_blocks(config) -> bool:
+    """vLLM's config says so through a property of its own code (counted as
+    a vLLM answer); the same from its fields: state-space layers, or device
+    attention caches of more than one precision."""
+    from vllm.v1 import kv_cache_interface as v
+
+    def layer_specs(spec):
+        if isinstance(spec, v.UniformTypeKVCacheSpecs):
+            return list(spec.kv_cache_specs.values())
+        return [spec]
+
+    specs = [(g, s) for g in config.kv_cache_groups for s in layer_specs(g.kv_cache_spec)]
+    if any(isinstance(s, v.MambaSpec) for _, s in specs):
+        return True
+    precisions = {(s.dtype, s.kv_quant_mode) for g, s in specs
+                  if isinstance(s, v.AttentionSpec) and not g.host_resident}
+    return len(precisions) > 1
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:
@@ -256,8 +274,6 @@ def to_impl_request(request) -> ireq.Request:
     status = _STATUS.get(vstatus.name) if vstatus is not None else ireq.RequestStatus.WAITING
     if status is None:
         raise ImplLacks("request status", vstatus.name)
-    require(getattr(request, "kv_cache_report_mode", "incremental") != "full",
-            F.REPORT_MODE_FULL)
     if mirror is None:
         embeds, row = _embeds(request)
         mirror = ireq.Request(
@@ -276,6 +292,7 @@ def to_impl_request(request) -> ireq.Request:
     mirror.mm_features = _mm_features(request)
     mirror.skip_reading_prefix_cache = getattr(request, "skip_reading_prefix_cache", False)
     mirror.session_id = getattr(request, "session_id", None)
+    mirror.kv_cache_report_mode = getattr(request, "kv_cache_report_mode", "incremental")
     mirror.num_computed_tokens = getattr(request, "num_computed_tokens", 0)
     mirror.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
     mirror.num_preemptions = getattr(request, "num_preemptions", 0)

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from impl.block import BlockList, KVCacheBlock
 from impl.block_pool import BlockPool
-from impl.kv_cache_spec import KVCacheSpec
+from impl.kv_cache_spec import AttentionSpec, KVCacheSpec
 from impl.math_utils import cdiv
 from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.request import Request
@@ -28,6 +28,7 @@ HitResult = tuple[tuple[BlockTable, ...], int]
 Interval = int | None
 # A finishing producer's prompt-tail state: (group, block, boundary tokens).
 TailOffer = tuple[int, KVCacheBlock, int]
+BlockIds = list[int]
 
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,
@@ -63,7 +64,8 @@ class SingleTypeKVCacheManager:
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                  kv_cache_group_id: int, scheduler_block_size: int | None = None,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 max_admission_blocks_per_request: int | None = None) -> None:
+                 max_admission_blocks_per_request: int | None = None, *,
+                 needs_kv_cache_zeroing: bool = False) -> None:
         profile = block_pool.profile
         self.kv_cache_spec = kv_cache_spec
         self.block_pool = block_pool
@@ -93,6 +95,13 @@ class SingleTypeKVCacheManager:
         # Whether this group's hits drop EAGLE's last matched block (the
         # coordinator sets it for draft-model groups).
         self.use_eagle = False
+        # Whether this group's hits drop their last unit for an EAGLE / MTP
+        # drafter; the coordinator sets it (specs §15).
+        self.use_eagle = False
+        # Ids of blocks handed out since the last take_new_block_ids, kept
+        # when the worker zeroes new attention blocks (specs §16.4).
+        self._records_new = needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+        self.new_block_ids: BlockIds = []
 
     # -- how many blocks ----------------------------------------------------------
 
@@ -157,8 +166,10 @@ class SingleTypeKVCacheManager:
             self.num_cached_block[request_id] = len(table)
 
     def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
-                                          num_external_computed_tokens: int) -> None:
-        """Blocks for tokens a KV connector loads into this group."""
+                                          num_external_computed_tokens: int,
+                                          record_for_zeroing: bool = True) -> None:
+        """Blocks for tokens a KV connector loads into this group (not to be
+        zeroed when the load itself writes them: `record_for_zeroing`)."""
         total = num_local_computed_tokens + num_external_computed_tokens
         gone = self.get_num_skipped_tokens(total)
         if self._profile.external_trim_on_skipped_tokens:
@@ -172,7 +183,10 @@ class SingleTypeKVCacheManager:
             return
         table = self.req_to_blocks.setdefault(request_id, [])
         missing = cdiv(total, self.block_size) - len(table)
-        table += self.block_pool.get_new_blocks(missing if missing > 0 else 0)
+        grown = self.block_pool.get_new_blocks(missing if missing > 0 else 0)
+        table += grown
+        if self._records_new and record_for_zeroing:
+            self.new_block_ids += [block.block_id for block in grown]
 
     # -- growing the table --------------------------------------------------------------
 
@@ -189,6 +203,8 @@ class SingleTypeKVCacheManager:
             return [] if copy is None else [copy]
         grown = self.block_pool.get_new_blocks(missing)
         table += grown
+        if self._records_new:
+            self.new_block_ids += [block.block_id for block in grown]
         return grown if copy is None else [copy, *grown]
 
     def _make_due_copy(self, request_id: str) -> KVCacheBlock | None:
@@ -197,6 +213,9 @@ class SingleTypeKVCacheManager:
             return None
         copy = self.block_pool.get_new_blocks(1)[0]
         self._swap_in_copy(request_id, due[0], due[1], copy)
+        # The copy's id goes to the worker whether or not the group zeroes
+        # its new blocks (vLLM lists it unconditionally).
+        self.new_block_ids.append(copy.block_id)
         return copy
 
     def _swap_in_copy(self, request_id: str, index: int, source: KVCacheBlock,
@@ -211,6 +230,16 @@ class SingleTypeKVCacheManager:
         table[index] = copy
         self._copies.append((source, copy))
         copy.ref_cnt += 1
+
+    @property
+    def records_new_block_ids(self):
+        """Whether the worker zeroes this group's new blocks."""
+        return self._records_new
+
+    def take_new_block_ids(self) -> BlockIds:
+        """The ids handed out since the last call (drained)."""
+        taken, self.new_block_ids = self.new_block_ids, []
+        return taken
 
     def take_pending_cow_copies(self) -> list[CopyPair]:
         drained, self._copies = self._copies, []
@@ -323,9 +352,11 @@ class SingleTypeKVCacheManager:
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         """The longest prefix of at most `max_length` tokens, a multiple of
         `alignment_tokens`, that every group of `kv_cache_group_ids` has
         cached: its blocks per group (null where the kind needs none) and
-        its length in tokens."""
+        its length in tokens. `drop_eagle_block`: the hit then ends one unit
+        early, for an EAGLE drafter (specs §15)."""
         raise NotImplementedError(f"{cls.__name__} has no prefix lookup")

@@ -50,14 +50,16 @@ class HiSparseSourceManager(FullAttentionManager):
         return device.num_gpu_blocks + 1
 
     def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
-                                          num_external_computed_tokens: int) -> None:
+                                          num_external_computed_tokens: int,
+                                          record_for_zeroing: bool = True) -> None:
         if num_external_computed_tokens > 0:
             # A connector fills these host pages; they count once it reports success.
             hisparse = self.coordinator
             hisparse.record_pending_host_import(
                 request_id, num_local_computed_tokens + num_external_computed_tokens)
             super().allocate_external_computed_blocks(
-                request_id, num_local_computed_tokens, num_external_computed_tokens)
+                request_id, num_local_computed_tokens, num_external_computed_tokens,
+                record_for_zeroing)
 
     def cache_blocks(self, request: Request, num_tokens: int, retention_interval=None,
                      replay_boundaries=()) -> None:
@@ -94,7 +96,7 @@ class _DeviceOnlyManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, alignment_tokens, dcp_world_size=1,
-                               pcp_world_size=1) -> HitResult:
+                               pcp_world_size=1, *, drop_eagle_block=False) -> HitResult:
         return tuple([] for _group in kv_cache_group_ids), 0
 
 
@@ -138,7 +140,7 @@ class HiSparseHotManager(_DeviceOnlyManager):
             self.require_hot(request_id)
 
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
-                                          num_external_computed_tokens):
+                                          num_external_computed_tokens, record_for_zeroing=True):
         self.require_hot(request_id)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int,
@@ -238,7 +240,7 @@ class HiSparseResidentManager(_DeviceOnlyManager):
         self.coordinator.commit_computed_blocks(request_id, on_host)
 
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
-                                          num_external_computed_tokens):
+                                          num_external_computed_tokens, record_for_zeroing=True):
         if num_external_computed_tokens < 1:
             raise AssertionError("no tokens to load")
         end = num_local_computed_tokens + num_external_computed_tokens

@@ -96,8 +96,10 @@ class MambaManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
-        """The rightmost cached state, with null entries before it."""
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
+        """The rightmost cached state, with null entries before it. Nothing
+        is dropped for EAGLE: draft models have no state-space layers."""
         profile = block_pool.profile
         size = kv_cache_spec.block_size
         inside = profile.partial_block_hits

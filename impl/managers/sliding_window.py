@@ -15,10 +15,11 @@ from impl.managers.base import HitResult, Interval, SingleTypeKVCacheManager
 from impl.math_utils import cdiv
 
 
-def blocks_before_hit_end(window: int, block_size: int) -> int:
+def blocks_before_hit_end(window: int, block_size: int, use_eagle: bool = False) -> int:
     """Cached blocks a hit needs right before its end: the token after the
-    hit reads the window - 1 tokens before it (it reads itself too)."""
-    return cdiv(window - 1, block_size)
+    hit reads the window - 1 tokens before it (it reads itself too). An EAGLE
+    hit matches one block more, then drops it."""
+    return cdiv(window - 1, block_size) + (1 if use_eagle else 0)
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -34,17 +35,21 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         """Scanning leftwards from max_length, the first run of enough cached
-        blocks wins; its right end must sit on an aligned boundary."""
-        if dcp_world_size != 1:
+        blocks wins; its right end (after an EAGLE drop) must sit on an
+        aligned boundary."""
+        if dcp_world_size != 1 or pcp_world_size != 1:
             raise AssertionError("sliding-window groups cannot be sharded across "
-                                 "decode context-parallel ranks")
+                                 "context-parallel ranks")
         size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
                                       block_pool.profile.coarse_block_hash)
-        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size)
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size, drop_eagle_block)
         unaligned = size != alignment_tokens
+        # Blocks a run keeps of its rightmost one: all, or none with a drop.
+        kept_end = 0 if drop_eagle_block else 1
         lookup = block_pool.get_cached_block
         # The run being collected, rightmost block first.
         run: list = []
@@ -54,7 +59,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if found is None:
                 run.clear()
                 continue
-            if not run and unaligned and (i + 1) * size % alignment_tokens:
+            if not run and unaligned and (i + kept_end) * size % alignment_tokens:
                 continue  # a run may only end on an aligned boundary
             run.append(found)
             if len(run) >= need:
@@ -69,7 +74,13 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         run.reverse()
         groups = tuple([null] * start + [found[g] for found in run]
                        for g in range(len(kv_cache_group_ids)))
-        return groups, (start + len(run)) * size
+        if drop_eagle_block and groups[0]:
+            width = len(groups[0]) - 1
+            while unaligned and width * size % alignment_tokens:
+                width -= 1
+            for blocks in groups:
+                del blocks[width:]
+        return groups, len(groups[0]) * size
 
     def _block_mask(self, request, start, end, retention_interval, replay_boundaries):
         if not self._profile.sliding_window_sparse_caching:
@@ -96,7 +107,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # A boundary inside a block cannot be told apart block by block:
             # keep everything rather than lose a reachable tail.
             return None
-        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size) + use_eagle
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size, use_eagle)
         shift = 1 if use_eagle else 0
         keep = [False] * (end_block - start_block)
         segment = alignment_tokens if retention_interval is None else retention_interval

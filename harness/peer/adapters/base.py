@@ -105,6 +105,19 @@ def forward(fn, renames: dict[str, str] | None = None):
     return call
 
 
+def _install_on_impl(impl, name: str, fn) -> None:
+    """Put a test's replacement of a method on the impl object, called with
+    impl's arguments wrapped for the test and its result unwrapped for impl."""
+
+    def replacement(*args, **kwargs):
+        return unwrap(fn(*(wrap(a) for a in args), **{k: wrap(v) for k, v in kwargs.items()}))
+
+    try:
+        setattr(impl, name, replacement)
+    except AttributeError:
+        raise MissingImplAPI(type(impl).__name__, name) from None
+
+
 class Adapter:
     """Forwards attribute reads to `_impl`; missing names raise MissingImplAPI."""
 
@@ -123,16 +136,24 @@ class Adapter:
 
     def __setattr__(self, name: str, value) -> None:
         impl = object.__getattribute__(self, "_impl")
+        replaces_method = callable(value) and callable(getattr(type(impl), name, None))
         if hasattr(type(self), name) or name.startswith("_kvconform"):
             attr = getattr(type(self), name, None)
             if isinstance(attr, property):
                 attr.__set__(self, value)
                 return
             object.__setattr__(self, name, value)
+            if replaces_method:
+                # A test replacing a method on the object (a spy) must see
+                # impl's own calls of it too.
+                _install_on_impl(impl, name, value)
             return
         if not hasattr(impl, name):
             # impl would take the new attribute silently and never read it.
             raise MissingImplAPI(type(impl).__name__, name)
+        if replaces_method:
+            _install_on_impl(impl, name, value)
+            return
         try:
             setattr(impl, name, unwrap(value))
         except AttributeError:

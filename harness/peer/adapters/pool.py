@@ -54,15 +54,6 @@ class FreeKVCacheBlockQueue(Adapter):
     def __iter__(self):
         return iter(unwrap(self))
 
-    # vLLM's names for the queue's two sentinel blocks.
-    @property
-    def fake_free_list_head(self):
-        return unwrap(self).head
-
-    @property
-    def fake_free_list_tail(self):
-        return unwrap(self).tail
-
 
 class _BlockMeta(type):
     def __instancecheck__(cls, obj) -> bool:

@@ -48,11 +48,10 @@ class _Manager(Adapter):
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
-        require(not drop_eagle_block, F.EAGLE, "find_longest_cache_hit(drop_eagle_block=True)")
         spec = convert.to_impl_spec(kv_cache_spec)
         blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
-            alignment_tokens, dcp_world_size, pcp_world_size,
+            alignment_tokens, dcp_world_size, pcp_world_size, drop_eagle_block=drop_eagle_block,
         )
         return blocks, num_tokens
 

