@@ -241,9 +241,11 @@ class CacheConfig:
     def reports_shared_prefix_boundary(self) -> bool:
         """Whether lookup answers carry the shared-prefix boundary: only in
         traces that use a knob reading it (sparse retention, Mamba prefill
-        checkpoints), so traces recorded before it stay as they are."""
-        return self.prefix_cache_retention_interval is not None or any(
-            g.num_prefill_checkpoint_blocks for g in self.groups)
+        checkpoints, junction checkpoints), so traces recorded before it stay
+        as they are."""
+        return (self.prefix_cache_retention_interval is not None
+                or self.enable_mamba_shared_prefix_checkpoint
+                or any(g.num_prefill_checkpoint_blocks for g in self.groups))
 
     def group_role(self, g: GroupConfig) -> KVCacheGroupRole | None:
         return None if g.role is None else KVCacheGroupRole(g.role)

@@ -110,10 +110,14 @@ class KVCacheManager:
             max_in_flight_tokens=self.max_in_flight_tokens, use_eagle=self.use_eagle,
             num_prefill_lookahead=self.num_prefill_lookahead)
         self.block_pool = coordinator.block_pool
-        # Junction checkpoints need EAGLE's replay points and hits inside blocks.
+        # Junction checkpoints need EAGLE's replay points and hits inside
+        # blocks; the scheduler stops chunks at junctions by this same flag.
+        # Not with multi-module MTP: what gets keyed then lags the chunk end
+        # by the re-prefilled tokens, so a junction stop would key nothing.
         junctions = self.mamba_shared_prefix_checkpoint = (
             self.enable_mamba_shared_prefix_checkpoint and bool(coordinator.eagle_group_ids)
-            and coordinator.enable_partial_hash_hits)
+            and coordinator.enable_partial_hash_hits
+            and coordinator.num_reprefillable_tokens == 0)
         for mamba in (m for m in coordinator.single_type_managers if junctions):
             if isinstance(mamba, MambaManager):
                 mamba.shared_prefix_checkpoint = True

@@ -39,10 +39,11 @@ TEMPLATES = (
     "eagle",
     "hybrid_eagle",
     "context_parallel_draft",
+    "mamba_eagle",
 )
 # Templates drawing EAGLE / MTP drafters: only for profiles that model EAGLE
 # (profile.eagle_drop_groups; 0.17 does not).
-EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft")
+EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft", "mamba_eagle")
 
 
 # The profile flags (impl/profiles.py) a template's groups need: a release
@@ -220,8 +221,8 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
     """Speculative decoding with an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md
     section 15): one group; a hybrid whose draft group is flagged (or none,
     then every group drops); a draft kept whole on every rank beside a
-    DCP-sharded target. Never chunked local attention (vLLM refuses its hits
-    with EAGLE) nor Mamba (its checkpoints under EAGLE: another branch)."""
+    DCP-sharded target; a Mamba hybrid (mamba_eagle). Never chunked local
+    attention (vLLM refuses its hits with EAGLE)."""
     extra = {"use_eagle": rng.random() < 0.85}
     if kind == "eagle":
         group = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention"),
@@ -240,6 +241,9 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
             (GroupConfig(bs), sw),  # none flagged: every group drops
             (GroupConfig(bs), draft_full),
         ))
+    elif kind == "mamba_eagle":
+        groups, mamba_extra = _draw_mamba_eagle(rng, bs, caching)
+        extra.update(mamba_extra)
     else:
         draft = rng.choice((GroupConfig(bs, dcp_sharded=False),
                             GroupConfig(bs, "mla_attention", dcp_sharded=False),
@@ -253,7 +257,9 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
         lone_window = len(groups) == 1 and draft.kind == "sliding_window"
         extra.update(dcp_world_size=rng.choice((2, 4)),
                      pcp_world_size=1 if lone_window else rng.choice((1, 1, 2)))
-    if rng.random() < 0.3:
+    if kind != "mamba_eagle" and rng.random() < 0.3:
+        # (Not beside Mamba: the driver does not model the scheduler's
+        # re-prefilled lookahead over Mamba chunks.)
         # Multi-module MTP: with caching and a draft group, vLLM wants the
         # scheduler block to hold the lookahead.
         scheduler_block = CacheConfig(num_blocks=2, groups=groups,
@@ -262,6 +268,28 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
         if choices:
             extra["num_prefill_lookahead"] = rng.choice(choices)
     return groups, extra
+
+
+def _draw_mamba_eagle(rng: random.Random, bs: int, caching: bool
+                      ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A Mamba hybrid served with an MTP drafter (Qwen3-Next-like): attention,
+    usually flagged as the draft group (else every group drops), beside
+    Mamba with scratch blocks for draft states; with caching ("align") often
+    hits inside blocks, sometimes a prefill checkpoint block and junction
+    checkpoints, so Mamba's EAGLE-shifted checkpoints are exercised."""
+    checkpoints = {}
+    extra: dict = {}
+    if caching:
+        extra.update(_fine_hash(rng, bs, caching))
+        if rng.random() < 0.3:
+            checkpoints = dict(num_prefill_checkpoint_blocks=1,
+                               prefill_checkpoint_alignment=rng.choice((1, 2, 4)))
+        if rng.random() < 0.5:
+            extra["enable_mamba_shared_prefix_checkpoint"] = True
+    mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 1, 2)),
+                        **checkpoints)
+    attention = GroupConfig(bs, is_eagle_group=rng.random() < 0.7)
+    return (attention, mamba), extra
 
 
 def _fields(group: GroupConfig) -> dict:

@@ -159,6 +159,15 @@ class Driver:
                 mambas[0].prefill_checkpoint_alignment
                 if all(g.num_prefill_checkpoint_blocks for g in mambas) else None)
             self.follow_junctions = config.reports_shared_prefix_boundary
+            # Under EAGLE the scheduler's checkpoint positions move one unit
+            # down (the unit an EAGLE hit drops), and a chunk stops exactly at
+            # a junction (not floored to a block) when the manager keeps
+            # junction states: the same narrowing as impl's KVCacheManager.
+            self.eagle_drop = config.use_eagle
+            drafts = config.use_eagle or any(g.is_eagle_group for g in config.groups)
+            self.exact_junctions = (config.enable_mamba_shared_prefix_checkpoint and drafts
+                                    and self.mamba_partial_hits
+                                    and config.num_prefill_lookahead <= 1)
 
     def call(self, event: Event) -> dict | None:
         """Run one event everywhere; None once failed."""
@@ -299,12 +308,13 @@ class Driver:
 
     def _mamba_split(self, r: _Req, start: int, num_new: int, junction: int = 0) -> int:
         """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
-        (no EAGLE, no shared-prefix checkpoints): Mamba states are written at
+        (EAGLE's drop moving each position one unit down): Mamba states are written at
         chunk ends, so chunks end on block boundaries, at the last cacheable
         boundary and, with hits inside blocks, at the prompt's last hash
         boundary; a chunk whose checkpoint a backend exports into a reserved
         block needs neither of the latter two. `junction`: a shared-prefix
-        boundary the chunk stops at (floored to whole blocks from its start)."""
+        boundary the chunk stops at (floored to whole blocks from its start,
+        or exactly where the manager keeps junction states)."""
         if self.mamba_block_size is None:
             return num_new
         prefill_end = max(r.num_prompt, r.num_tokens - 1)
@@ -313,19 +323,24 @@ class Driver:
         bs = self.mamba_block_size
         hbs = self.hash_block_size
         end = start + num_new
+        drop = self.eagle_drop
         exported = end >= prefill_end and is_mamba_prefill_checkpoint_valid(
             start, end,
             get_mamba_prefill_checkpoint_position(
                 prefill_end, hbs if self.mamba_partial_hits else self.scheduler_block_size,
-                False),
+                drop),
             hbs, bs, self.checkpoint_alignment)
-        last_cache_position = 0 if exported else max((r.num_tokens - 1) // bs * bs, 0)
+        last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
+            r.num_tokens, bs, drop)
         if end < prefill_end:
             end = end // bs * bs
         tail = 0
         if self.mamba_partial_hits and not exported:
-            tail = max((r.num_prompt - 1) // hbs * hbs, 0)
-        junction_stop = start + (junction - start) // bs * bs
+            tail = get_mamba_prefill_checkpoint_position(r.num_prompt, hbs, drop)
+        if self.exact_junctions and junction <= r.num_prompt:
+            junction_stop = junction
+        else:
+            junction_stop = start + (junction - start) // bs * bs
         stops = (
             (start // bs + 1) * bs if start % bs and not exported else 0,
             last_cache_position,

@@ -17,6 +17,7 @@ from impl.hisparse.coordinator import HiSparseCoordinator
 from impl.kv_cache_manager import KVCacheManager
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
+from impl.managers.mamba import MambaManager
 
 
 def _free_in_allocation_order(self, request_id):
@@ -81,6 +82,19 @@ def _full_attention_keeps_last_block(cls, *args, drop_eagle_block=False, **kwarg
     return _real_full_lookup(cls, *args, **kwargs)
 
 
+_real_key_prompt_state = MambaManager._key_prompt_state
+
+
+def _prompt_state_ignoring_eagle(self, request, num_tokens):
+    # Fault: under EAGLE a Mamba group keeps its prompt-tail state where a
+    # plain hit would land, not one hash unit earlier where an EAGLE hit does.
+    moved, self.drop_eagle_checkpoint_block = self.drop_eagle_checkpoint_block, False
+    try:
+        return _real_key_prompt_state(self, request, num_tokens)
+    finally:
+        self.drop_eagle_checkpoint_block = moved
+
+
 # name -> (class, method, replacement)
 FAULTS: dict[str, tuple[type, str, Callable]] = {
     "free-wrong-order": (SingleTypeKVCacheManager, "free", _free_in_allocation_order),
@@ -90,11 +104,14 @@ FAULTS: dict[str, tuple[type, str, Callable]] = {
     "eagle-no-proof-margin": (HybridKVCacheCoordinator, "_margin", _no_proof_margin),
     "eagle-keeps-last-block": (FullAttentionManager, "find_longest_cache_hit",
                                classmethod(_full_attention_keeps_last_block)),
+    "mamba-eagle-tail-not-moved": (MambaManager, "_key_prompt_state",
+                                   _prompt_state_ignoring_eagle),
 }
 # The fuzz kinds a fault shows in (default: the plain full-attention config).
 FAULT_KINDS: dict[str, tuple[str, ...]] = {
     "eagle-no-proof-margin": ("hybrid_eagle",),
     "eagle-keeps-last-block": ("eagle", "hybrid_eagle"),
+    "mamba-eagle-tail-not-moved": ("mamba_eagle",),
 }
 # Faults only a kind's own configs reach: name -> (kind config, class, method,
 # replacement).

@@ -279,3 +279,30 @@ def test_the_checker_watches_a_checkpoint_losing_its_keys():
     type(pool).evict_cached_block(pool, block)  # the fault: behind its back
     with pytest.raises(InvariantViolation, match="block keys exist"):
         run.checker.check(run.m)
+
+
+# -- junction checkpoints under EAGLE (§11): who keeps them ---------------------------------
+
+
+@pytest.mark.parametrize("lookahead, kept", [(0, True), (1, True), (2, False), (4, False)])
+def test_junction_checkpoints_need_eagle_partial_hits_and_no_reprefill(lookahead, kept):
+    # Full attention (block 16) beside Mamba (16) hashed every 4 tokens: hits
+    # inside blocks. With EAGLE, junction states are kept unless multi-module
+    # MTP re-prefills tokens (lookahead - 1 > 0): the keyed length then lags
+    # the chunk end, so a chunk stopped at a junction would key nothing there.
+    run = Run([FullAttentionSpec(16), mamba(16)], 4, use_eagle=True,
+              enable_mamba_shared_prefix_checkpoint=True, num_prefill_lookahead=lookahead)
+    assert run.m.mamba_shared_prefix_checkpoint is kept
+    managers = run.m.coordinator.single_type_managers
+    assert managers[1].shared_prefix_checkpoint is kept
+    assert managers[1].drop_eagle_checkpoint_block is True
+
+
+def test_junction_checkpoints_are_off_without_eagle_or_partial_hits():
+    plain = Run([FullAttentionSpec(16), mamba(16)], 4,
+                enable_mamba_shared_prefix_checkpoint=True)
+    assert plain.m.mamba_shared_prefix_checkpoint is False
+    assert plain.m.coordinator.single_type_managers[1].drop_eagle_checkpoint_block is False
+    whole_blocks = Run([FullAttentionSpec(16), mamba(16)], 16, use_eagle=True,
+                       enable_mamba_shared_prefix_checkpoint=True)
+    assert whole_blocks.m.mamba_shared_prefix_checkpoint is False
