@@ -124,15 +124,16 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from harness.backends.vllm_backend import installed_vllm_profile
     from harness.fuzz.campaign import fuzz, progress_reporter, too_few_cases_warning
-    from harness.fuzz.faults import FAULTS
+    from harness.fuzz.faults import FAULTS, KIND_FAULTS
     from harness.fuzz.generate import FuzzConfig
 
     if args.seconds <= 0 or args.max_ops < 1 or (args.max_cases is not None
                                                   and args.max_cases < 1) or (
             args.workers is not None and args.workers < 1):
         return fail("--seconds, --max-ops, --max-cases and --workers must be positive")
-    if args.inject_fault is not None and args.inject_fault not in FAULTS:
-        return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(FAULTS)})")
+    known = [*FAULTS, *KIND_FAULTS]
+    if args.inject_fault is not None and args.inject_fault not in known:
+        return fail(f"unknown fault '{args.inject_fault}' (known: {', '.join(known)})")
     if len(args.config or ()) > 1 and args.ray is None:
         return fail("several --config need --ray (one campaign draws from one config)")
     configs = {}
@@ -154,6 +155,13 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if (code := check_vllm()) is not None:
         return code
     profile = installed_vllm_profile()
+    from harness.fuzz.configs import templates_for
+
+    for name, fuzz_config in configs.items():
+        lacking = [k for k in fuzz_config.kinds if k not in templates_for(profile)]
+        if lacking:
+            return fail(f"{name}: kinds: vLLM {profile.name} has no {', '.join(lacking)} "
+                        "groups")
     if args.ray is not None:
         return _fuzz_on_ray(args, profile, configs)
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,

@@ -65,12 +65,18 @@ class AddRequest(Event):
     prompt_embeds: PromptEmbeds | None = None
     skip_reading_prefix_cache: bool = False
     session_id: str | None = None
+    # "full": hits are announced again as KV events (vLLM: the sampling
+    # params' extra argument kv_cache_report_mode).
+    kv_cache_report_mode: str = "incremental"
 
 
 @dataclass(slots=True)
 class Lookup(Event):
-    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]}.
-    `max_cache_hit_length` bounds the hit (0.33; None: the request's tokens - 1)."""
+    """get_computed_blocks. Answer: {"hit_tokens": n, "block_ids": [[...], ...]},
+    plus "shared_prefix_boundary" (when not 0) in traces whose cache config
+    reads it (CacheConfig.reports_shared_prefix_boundary). The request keeps
+    the boundary, as the scheduler stores it. `max_cache_hit_length` bounds
+    the hit (0.33; None: the request's tokens - 1)."""
 
     kind: ClassVar[str] = "lookup"
     req: str
@@ -174,9 +180,64 @@ class TakeBlockCopies(Event):
     kind: ClassVar[str] = "take_block_copies"
 
 
+@dataclass(slots=True)
+class TakeBoundaryStateOffloads(Event):
+    """The scheduler drains the Mamba "align" boundary states offered to a KV
+    connector (take_boundary_state_offloads, end of every schedule pass).
+    Answer: {"offloads": {req: [[group, block_id, boundary_tokens], ...]}}."""
+
+    kind: ClassVar[str] = "take_boundary_state_offloads"
+
+
+@dataclass(slots=True)
+class FinalizePartialTailOffloads(Event):
+    """A producer request finishes with a KV connector: its prompt-tail
+    states still in its own blocks (finalize_partial_tail_offloads).
+    Answer: {"offloads": [[group, block_id, boundary_tokens], ...]}."""
+
+    kind: ClassVar[str] = "finalize_partial_tail_offloads"
+    req: str
+
+
+@dataclass(slots=True)
+class HiSparseStep(Event):
+    """What HiSparse's connector asks of the coordinator when a step is
+    scheduled (its build_connector_meta), for the scheduled requests given as
+    [req, tokens computed before the step, tokens scheduled]: the residency
+    work (advance_scheduled, to min(computed + scheduled, request tokens)),
+    then the step's transfers, host copies, row mirrors, whether every page is
+    on the GPU, and the residency updates. Answer: {"transfers": [{transfer_id,
+    host_block_id, resident_block_ids, after_forward, restore}], "host_copies":
+    [[source, copy]], "mirrors": {req: [[[source rows], host row, rows]]},
+    "all_resident": bool, "residency": {req: {"pages": [...], "block_ids":
+    [[ids per resident group]]}}}."""
+
+    kind: ClassVar[str] = "hisparse_step"
+    scheduled: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(slots=True)
+class HiSparseAck(Event):
+    """What the workers report back (HiSparse's update_connector_output), in
+    its order: host imports finished (`failed` ones too: they make nothing
+    readable), host copies done (by copy block id), then per transfer id how
+    many workers run it and how many more finished it ([id, count] pairs).
+    Answer: {}."""
+
+    kind: ClassVar[str] = "hisparse_ack"
+    finished_imports: tuple[str, ...] = ()
+    failed_imports: tuple[str, ...] = ()
+    copies_done: tuple[int, ...] = ()
+    enqueued: tuple[tuple[int, int], ...] = ()
+    completed: tuple[tuple[int, int], ...] = ()
+
+
 # What a checkpoint observes when it names no fields.
 DEFAULT_CHECKPOINT_FIELDS = ("free_queue", "num_free", "usage", "stats", "events")
 CHECKPOINT_FIELDS = (*DEFAULT_CHECKPOINT_FIELDS, "free_queue_digest")
+# Asked for by name only (a default checkpoint leaves them out): HiSparse's
+# host pool and pending work.
+OPTIONAL_CHECKPOINT_FIELDS = ("hisparse",)
 
 
 @dataclass(slots=True)
@@ -185,13 +246,15 @@ class Checkpoint(Event):
     free_queue (block ids, head first), num_free, usage, stats (snapshot, resets
     them), events (drained KV events), free_queue_digest (the free queue's
     order as 16 hex digits, kept up to date as it changes: O(1) at any pool
-    size; harness/backends/free_queue_digest.py)."""
+    size; harness/backends/free_queue_digest.py), and, named only, hisparse
+    ({"host_free_queue", "pending_work", "pending_reclamation"})."""
 
     kind: ClassVar[str] = "checkpoint"
     fields: tuple[str, ...] = DEFAULT_CHECKPOINT_FIELDS
 
     def __post_init__(self) -> None:
-        unknown = [f for f in self.fields if f not in CHECKPOINT_FIELDS]
+        unknown = [f for f in self.fields
+                   if f not in CHECKPOINT_FIELDS and f not in OPTIONAL_CHECKPOINT_FIELDS]
         if unknown:
             raise ValueError(f"unknown checkpoint field(s) {unknown}")
 
@@ -201,6 +264,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
+        TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
+        HiSparseStep, HiSparseAck,
     )
 }
 

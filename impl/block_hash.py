@@ -177,6 +177,35 @@ def block_extra_keys(
     return tuple(found) if found else None
 
 
+def generate_block_hash_extra_keys(request: Request, start: int, end: int,
+                                   start_mm_idx: int, tagged: bool = True
+                                   ) -> tuple[tuple[Any, ...] | None, int]:
+    """The block's extra keys, and where a caller walking the blocks in
+    order resumes among the multimodal items: from `start_mm_idx` (negative
+    counts from the end), past every item ending at or before `end`. With
+    no item left at or after `start`, the index comes back as given."""
+    keys = block_extra_keys(request, start, end, tagged)
+    features = request.mm_features
+    if not features or _feature_end(features[-1]) <= start:
+        return keys, start_mm_idx
+    index = start_mm_idx + len(features) if start_mm_idx < 0 else start_mm_idx
+    while index < len(features) and _feature_end(features[index]) <= end:
+        index += 1
+    return keys, index
+
+
+def hash_block_tokens(hash_fn: HashFn, parent_block_hash: Any, curr_block_token_ids,
+                      extra_keys: tuple[Any, ...] | None = None, *,
+                      none_hash: Any = None) -> Any:
+    """One block's chained hash: its parent's hash (NONE_HASH for the first
+    block, or whenever the parent is falsy), its tokens and its extra keys."""
+    if not parent_block_hash:
+        if none_hash is None:
+            raise ValueError("the first block of a chain hashes from NONE_HASH; none given")
+        parent_block_hash = none_hash
+    return hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+
+
 def event_extra_keys(keys: tuple[Any, ...] | None, tagged: bool = True
                      ) -> tuple[Any, ...] | None:
     """Extra keys in the shape KV events carry: never tagged; a multimodal

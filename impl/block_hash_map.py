@@ -5,7 +5,8 @@ block table, so two requests that filled identical blocks each keep their
 own, and both are findable under one key. A lookup returns the earliest.
 
 Storage: key -> block when one block has it (nearly always), key -> {id:
-block} when several do; the common case then costs no inner container.
+block} when several do; the common case then costs no inner container. (A
+dict is what tells them apart: blocks may be of a KVCacheBlock subclass.)
 """
 
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ class BlockHashToBlockMap:
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
         found = self._cache.get(key)
-        if found is None or type(found) is KVCacheBlock:
+        if found is None or type(found) is not dict:
             return found
         for block in found.values():
             return block
@@ -41,7 +42,7 @@ class BlockHashToBlockMap:
             found = store.get(block_hash + suffix)
             if found is None:
                 break
-            if type(found) is not KVCacheBlock:
+            if type(found) is dict:
                 found = next(iter(found.values()))
             run.append(found)
         return run
@@ -50,7 +51,7 @@ class BlockHashToBlockMap:
         found = self._cache.get(key)
         if found is None:
             return False
-        if type(found) is KVCacheBlock:
+        if type(found) is not dict:
             return found.block_id == block_id
         return block_id in found
 
@@ -59,7 +60,7 @@ class BlockHashToBlockMap:
         found = store.get(key)
         if found is None:
             store[key] = block
-        elif type(found) is KVCacheBlock:
+        elif type(found) is not dict:
             if found is block:
                 return
             store[key] = {found.block_id: found, block.block_id: block}
@@ -77,7 +78,7 @@ class BlockHashToBlockMap:
         found = store.get(key)
         if found is None:
             return None
-        if type(found) is KVCacheBlock:
+        if type(found) is not dict:
             if found.block_id != block_id:
                 return None
             del store[key]
@@ -93,7 +94,7 @@ class BlockHashToBlockMap:
     def items(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
         """Every (key, block) entry."""
         for key, found in self._cache.items():
-            if type(found) is KVCacheBlock:
+            if type(found) is not dict:
                 yield key, found
             else:
                 for block in found.values():

@@ -11,14 +11,14 @@ with hits inside blocks); such extra keys are listed per block in
 `cached_block_hashes_by_block`, so that eviction drops them all at once.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass
 
 from impl.block import BlockList, KVCacheBlock
 from impl.block_hash_map import BlockHashToBlockMap
 from impl.block_hash_view import resolve_block_hashes
 from impl.free_queue import FreeKVCacheBlockQueue
-from impl.kv_events import AllBlocksCleared, KVCacheEvent, KVEventBuilder
+from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, KVCacheEvent, KVEventBuilder
 from impl.profiles import FreeOrder, VersionProfile
 from impl.request import Request
 
@@ -35,11 +35,16 @@ class BlockPool:
     events_use_int_hashes: bool = True
     # Tokens after a block its hash covers (lookahead hashing, 0.33).
     num_hash_lookahead_tokens: int = 0
+    # Where the blocks live, as KV events say it (HiSparse's host pool: CPU).
+    medium: str = MEDIUM_GPU
+
+    # What the pool is made of (HiSparse's host blocks also know their pool).
+    _block_type = KVCacheBlock
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1:
             raise ValueError(f"a pool needs at least its null block; got {self.num_gpu_blocks}")
-        self.blocks = [KVCacheBlock(i) for i in range(self.num_gpu_blocks)]
+        self.blocks = [self._block_type(i) for i in range(self.num_gpu_blocks)]
         queue = self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
@@ -49,8 +54,13 @@ class BlockPool:
         null.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
         self._events = (KVEventBuilder(self.profile, self.events_use_int_hashes,
-                                       self.num_hash_lookahead_tokens)
+                                       self.num_hash_lookahead_tokens, self.medium)
                         if self.enable_kv_cache_events else None)
+        # Released blocks still read until reused (unpin_blocks): block id ->
+        # what to tell when the pool hands the block out again.
+        self._watched: dict[int, Callable[[KVCacheBlock], None]] = {}
+        # Pools of other blocks this pool's free_blocks may be given (HiSparse).
+        self._routes_foreign = False
         # Where released blocks go (profile.free_order): all to the back
         # (None); the unkeyed ones (never to be hit) in front for reuse first
         # (True); all of them in front (False). Blocks a group drops as they
@@ -182,6 +192,22 @@ class BlockPool:
             ))
         return key
 
+    def emit_cached_block_events(self, request: Request, num_cached_blocks: int,
+                                 block_size: int, kv_cache_group_id: int) -> None:
+        """Publish the first `num_cached_blocks` blocks of a request's hit as
+        stored again (for consumers that asked for full reports): one
+        BlockStored from the first block, keys and block state untouched."""
+        if self._events is None or not num_cached_blocks:
+            return
+        hashes = request.block_hashes
+        if block_size != self.hash_block_size:
+            hashes = resolve_block_hashes(hashes, self.hash_block_size, block_size,
+                                          self.profile.coarse_block_hash)
+        ranges = [(i * block_size, (i + 1) * block_size) for i in range(num_cached_blocks)]
+        self.kv_event_queue.append(self._events.stored(
+            request, [hashes[i] for i in range(num_cached_blocks)], None, 0,
+            num_cached_blocks * block_size, block_size, kv_cache_group_id, ranges))
+
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
         """Re-home src_block's entries on dst_block (a copy the cache keeps
         while src_block's owner overwrites it). The entries stay live: no event."""
@@ -200,6 +226,8 @@ class BlockPool:
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"{num_blocks} blocks wanted, {queue.num_free_blocks} free")
         taken = queue.popleft_n(num_blocks)
+        if self._watched:
+            self._tell_reused(taken)
         if self.enable_caching:
             for block in taken:
                 if block.block_hash is not None:
@@ -209,6 +237,28 @@ class BlockPool:
             for block in taken:
                 block.ref_cnt += 1
         return taken
+
+    def _tell_reused(self, blocks: Iterable[KVCacheBlock]) -> None:
+        watched = self._watched
+        for block in blocks:
+            tell = watched.pop(block.block_id, None)
+            if tell is not None:
+                tell(block)
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock],
+                     on_reuse: Callable[[KVCacheBlock], None]) -> None:
+        """Give back one reference of each block while its contents are still
+        read: the pool may reuse it (it is free), and `on_reuse` hears when it
+        does. Freed ones go to the back of the queue, keyed or not."""
+        released = []
+        for block in blocks:
+            if block.ref_cnt <= 0 or block.is_null:
+                raise AssertionError(f"block {block.block_id} is not held; nothing to unpin")
+            block.ref_cnt -= 1
+            self._watched[block.block_id] = on_reuse
+            if not block.ref_cnt:
+                released.append(block)
+        self.free_block_queue.append_n(released)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """One more holder for each hit block; an evictable one leaves the queue."""
@@ -229,6 +279,12 @@ class BlockPool:
         to the free queue. `ordered_blocks` is eviction priority, first
         evicted first; where they land is the profile's free_order (`skipped`:
         the blocks leave a window or state, or a sliding-window table is freed)."""
+        if self._routes_foreign:
+            self._free_across_pools(ordered_blocks, skipped)
+            return
+        self._release(ordered_blocks, skipped)
+
+    def _release(self, ordered_blocks: Iterable[KVCacheBlock], skipped: bool = False) -> None:
         front: list[KVCacheBlock] = []
         back: list[KVCacheBlock] = []
         split = self._split_on_skip if skipped else self._split_on_release
@@ -251,6 +307,22 @@ class BlockPool:
         if back:
             self.free_block_queue.append_n(back)
 
+    def _free_across_pools(self, ordered_blocks: Iterable[KVCacheBlock],
+                           skipped: bool = False) -> None:
+        """Blocks of another pool (they carry it) are freed there, after this
+        pool's own, each pool's in the given order."""
+        own: list[KVCacheBlock] = []
+        others: dict[int, tuple[BlockPool, list[KVCacheBlock]]] = {}
+        for block in ordered_blocks:
+            pool = getattr(block, "pool", self)
+            if pool is self:
+                own.append(block)
+            else:
+                others.setdefault(id(pool), (pool, []))[1].append(block)
+        self._release(own, skipped)
+        for pool, blocks in others.values():
+            pool.free_blocks(blocks, skipped)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks; holders and queue position stay.
         Iterates a set of the ids, as vLLM does, so removal events come out
@@ -260,12 +332,27 @@ class BlockPool:
                 raise ValueError(f"no block {block_id} in a pool of {self.num_gpu_blocks}")
             self._announce_removed(self._detach_all(self.blocks[block_id]))
 
+    def evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Make one block unfindable (its content is about to be replaced),
+        announcing each key it loses; False when it had none."""
+        gone = self._detach_all(block)
+        self._announce_removed(gone)
+        return bool(gone)
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """Whether one holder may change the block in place: it holds it
+        alone and no lookup can find it."""
+        return not block.is_null and block.ref_cnt == 1 and block.block_hash is None
+
     def reset_prefix_cache(self) -> bool:
         """Forget every key; refused (False) while any block is held."""
         if self.free_block_queue.num_free_blocks != self.num_gpu_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
+        if self._watched:
+            # Every block still read elsewhere is as good as reused now.
+            self._tell_reused([self.blocks[i] for i in list(self._watched)])
         for block in self.blocks:
             block.block_hash = block.block_hash_num_tokens = None
         if self._events is not None:

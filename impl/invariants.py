@@ -15,6 +15,7 @@ from itertools import compress
 from operator import is_not
 
 from impl.block import KVCacheBlock
+from impl.invariants_kinds import table_rule
 from impl.kv_cache_manager import KVCacheManager
 
 
@@ -29,6 +30,12 @@ def check_invariants(manager: KVCacheManager) -> None:
     """Raise InvariantViolation naming the first broken invariant. Cheap
     enough for a fuzz run on a small pool: one walk of the free queue, one of
     the held blocks, a few passes over the pool; messages only on failure."""
+    if manager.coordinator.hisparse is not None:
+        # Two pools, overlays and transfers: impl/hisparse/invariants.py.
+        from impl.hisparse.invariants import check_hisparse_invariants
+
+        check_hisparse_invariants(manager)
+        return
     pool = manager.block_pool
     queued = _walk_free_queue(pool)
     _check_null_block(pool, pool.null_block.block_id in queued)
@@ -54,6 +61,42 @@ def check_invariants(manager: KVCacheManager) -> None:
         stray = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
         raise InvariantViolation(_count_message(stray, refs[stray], 0))
     _check_whole_key_map(manager)
+    for group in manager.coordinator.single_type_managers:
+        for request_id in group.req_to_blocks:
+            _check_table_shape(group, request_id)
+    _check_boundary_states(manager)
+    _check_eagle_groups(manager)
+    for group in manager.coordinator.single_type_managers:
+        _check_zeroing_ids(pool, group.kv_cache_group_id, group.new_block_ids)
+
+
+def _check_table_shape(group, request_id: str) -> None:
+    """The kind's own rule for a table's shape (impl/invariants_kinds.py)."""
+    rule = table_rule(group)
+    problem = rule and rule(group.req_to_blocks[request_id])
+    if problem:
+        raise InvariantViolation(f"group {group.kv_cache_group_id}, {request_id}: {problem}")
+
+
+def _check_boundary_states(manager: KVCacheManager) -> None:
+    """Mamba "align" bookkeeping that outlives a call (§9.4.3): a boundary
+    state offered to a connector names a request the group still serves
+    (freeing a request withdraws its offers), and a producer's prompt-tail
+    record names a block of that request's table. O(offers + producers)."""
+    for group in manager.coordinator.single_type_managers:
+        tables = group.req_to_blocks
+        for request_id, _, block, boundary in getattr(group, "_offers", ()):
+            if request_id not in tables:
+                raise InvariantViolation(
+                    f"boundary state of {request_id} at {boundary} tokens (block "
+                    f"{block.block_id}) is offered but the request holds nothing: a freed "
+                    "request's offers must be withdrawn")
+        for request_id, (block, boundary) in getattr(group, "_producer_tails", {}).items():
+            table = tables.get(request_id, ())
+            if not any(b is block for b in table):
+                raise InvariantViolation(
+                    f"{request_id}'s prompt tail at {boundary} tokens names block "
+                    f"{block.block_id}, which is not in its table")
 
 
 def _walk_free_queue(pool) -> set[int]:
@@ -136,6 +179,30 @@ def _stale_entry_message(key: bytes, block: KVCacheBlock) -> str:
     return f"hash map entry {key.hex()[:12]} points at block {block.block_id} whose hash is {own}"
 
 
+def _check_eagle_groups(manager: KVCacheManager) -> None:
+    """Only draft groups drop the last unit of a hit for EAGLE, and groups
+    looked up together drop together (their hits are one answer)."""
+    coordinator = manager.coordinator
+    drafts = coordinator.eagle_group_ids
+    for group_id in coordinator.drop_eagle_group_ids:
+        if group_id not in drafts:
+            raise InvariantViolation(f"group {group_id} drops for EAGLE but is no draft group")
+    managers = coordinator.single_type_managers
+    for batch in getattr(coordinator, "attention_groups", ()):
+        flags = {managers[g].use_eagle for g in batch.group_ids}
+        if flags != {batch.use_eagle}:
+            raise InvariantViolation(f"groups {batch.group_ids}, looked up together, disagree "
+                                     f"on dropping for EAGLE")
+
+
+def _check_zeroing_ids(pool, group_id: int, ids) -> None:
+    """Ids recorded for the worker to zero name real blocks, never the null block."""
+    for block_id in ids:
+        if not 0 <= block_id < len(pool.blocks) or block_id == pool.null_block.block_id:
+            raise InvariantViolation(f"group {group_id} records block id {block_id} for "
+                                     "zeroing: not a block it could have handed out")
+
+
 # -- who holds what -------------------------------------------------------------------
 
 _COPY = "<pending copy>"  # not a request id: those come from traces
@@ -180,6 +247,9 @@ class InvariantChecker:
         self._manager: KVCacheManager | None = None
 
     def check(self, manager: KVCacheManager) -> None:
+        if manager.coordinator.hisparse is not None:
+            check_invariants(manager)  # always whole (see impl/hisparse/invariants.py)
+            return
         if manager is not self._manager:
             check_invariants(manager)
             self._watch(manager)
@@ -194,6 +264,8 @@ class InvariantChecker:
         self._groups = manager.coordinator.single_type_managers
         self._touched: list[KVCacheBlock] = []
         self._cleared = False
+        # (group, request) of the tables that changed since the last check.
+        self._reshaped: set[tuple[int, str]] = set()
         # Per group: request -> copy of its table. Block id -> {(group,
         # request): index in that table}.
         self._tables: list[dict[str, list[KVCacheBlock]]] = [{} for _ in self._groups]
@@ -212,6 +284,10 @@ class InvariantChecker:
                       if (keys := _keys_of(pool, block))}
         self._num_keys = sum(len(keys) for keys in self._keys.values())
         self._reserved = _reserved_ids(manager)
+        self._mamba_align = any(getattr(group, "mamba_cache_mode", None) == "align"
+                                for group in self._groups)
+        # How many ids each group had recorded for zeroing at the last check.
+        self._zeroing_seen = [len(group.new_block_ids) for group in self._groups]
         self._wrap_pool(pool)
 
     def _adopt_table(self, g: int, request_id: str, table: list[KVCacheBlock]) -> None:
@@ -264,13 +340,17 @@ class InvariantChecker:
             kind.evict_blocks(pool, block_ids)
             touched.extend(pool.blocks[i] for i in block_ids)
 
+        def evict_cached_block(block):
+            touched.append(block)
+            return kind.evict_cached_block(pool, block)
+
         def reset_prefix_cache():
             done = kind.reset_prefix_cache(pool)
             self._cleared = self._cleared or done
             return done
 
         for fn in (get_new_blocks, touch, free_blocks, cache_full_blocks, cache_partial_block,
-                   move_block_hashes, evict_blocks, reset_prefix_cache):
+                   move_block_hashes, evict_blocks, evict_cached_block, reset_prefix_cache):
             setattr(pool, fn.__name__, fn)
 
     # -- one check -----------------------------------------------------------------------
@@ -287,6 +367,13 @@ class InvariantChecker:
         before = {}  # block id -> requests holding it at the last check
         sources = self._diff_pairs(suspects, before)
         self._diff_tables(suspects, sources, before)
+        for block_id in suspects:
+            # A table whose block was touched, even in place (keyed, say).
+            self._reshaped.update(self._where.get(block_id, ()))
+        for g, request_id in self._reshaped:
+            if request_id in self._groups[g].req_to_blocks:
+                _check_table_shape(self._groups[g], request_id)
+        self._reshaped.clear()
         for block_id, block in suspects.items():
             self._check_block(block, before.get(block_id))
         if len(self._queued) != pool.free_block_queue.num_free_blocks:
@@ -296,6 +383,15 @@ class InvariantChecker:
         if entries != self._num_keys:
             raise InvariantViolation(f"{self._num_keys} block keys exist but the map holds "
                                      f"{entries}")
+        if self._mamba_align:
+            _check_boundary_states(self._manager)
+        _check_eagle_groups(self._manager)
+        for g, group in enumerate(self._groups):
+            ids = group.new_block_ids
+            seen = self._zeroing_seen[g]
+            # Only what was recorded since (a drained list starts over).
+            _check_zeroing_ids(pool, g, ids[seen:] if seen <= len(ids) else ids)
+            self._zeroing_seen[g] = len(ids)
 
     def _forget_all_keys(self) -> None:
         self._cleared = False
@@ -354,6 +450,7 @@ class InvariantChecker:
                 self._replace((g, request_id), index, table[index], suspects, before)
 
     def _diff_whole(self, where, shadow: list, table: list, suspects: dict, before: dict) -> None:
+        self._reshaped.add(where)
         common = min(len(shadow), len(table))
         for index in compress(range(common), map(is_not, shadow[:common], table[:common])):
             self._replace(where, index, table[index], suspects, before)
@@ -368,6 +465,7 @@ class InvariantChecker:
                 self._move(block, None, (where, index), suspects, before)
 
     def _replace(self, where, index: int, new: KVCacheBlock, suspects: dict, before: dict) -> None:
+        self._reshaped.add(where)
         shadow = self._tables[where[0]][where[1]]
         old = shadow[index]
         shadow[index] = new

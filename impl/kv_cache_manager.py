@@ -4,22 +4,27 @@ A facade over the coordinator: the prefix lookup, slot allocation, release,
 keying, reset, hit statistics, KV events and pending block copies.
 """
 
+from __future__ import annotations
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from impl.block import KVCacheBlock
-from impl.coordinator import PerGroup, get_kv_cache_coordinator
-from impl.kv_cache_spec import KVCacheConfig
+from impl.block import BlockList, KVCacheBlock
+from impl.coordinator import HybridKVCacheCoordinator, PerGroup, get_kv_cache_coordinator
+from impl.kv_cache_spec import AttentionSpec, CrossAttentionSpec, KVCacheConfig, MambaSpec
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
+from impl.managers.mamba import MambaManager
+from impl.math_utils import cdiv
 from impl.prefix_cache_stats import PrefixCacheStats
 from impl.profiles import StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
 
 _NEEDS_WATERMARK = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+Ids = list[int]
 # Block ids per group: what the scheduler writes into its block tables.
-GroupIds = tuple[list[int], ...]
+GroupIds = tuple[Ids, ...]
 
 
 @dataclass(slots=True)
@@ -28,8 +33,40 @@ class KVCacheBlocks:
 
     blocks: PerGroup
 
-    def get_block_ids(self) -> GroupIds:
-        return tuple([block.block_id for block in group] for group in self.blocks)
+    def get_block_ids(self, allow_none: bool = False, *,
+                      group_ids: Sequence[int] | None = None) -> GroupIds | None:
+        """Ids per group (only `group_ids`, in that order, when given); None
+        instead of all-empty groups when `allow_none`."""
+        groups = self.blocks if group_ids is None else [self.blocks[g] for g in group_ids]
+        if allow_none and not any(groups):
+            return None
+        return tuple([block.block_id for block in group] for group in groups)
+
+    def get_unhashed_block_ids(self) -> Ids:
+        """Ids of the blocks without a key, of a model with one group."""
+        if len(self.blocks) != 1:
+            raise AssertionError(f"unhashed ids of one group asked of {len(self.blocks)}")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[Ids]:
+        """Per group, ids of the blocks without a key (null padding left out)."""
+        return [[b.block_id for b in group if b.block_hash is None and not b.is_null]
+                for group in self.blocks]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple([*mine, *theirs]
+                                   for mine, theirs in zip(self.blocks, other.blocks)))
+
+
+# A connector's lookup: blocks, hit tokens, whether some group hit less.
+ConnectorHit = tuple[KVCacheBlocks, int, bool]
+
+
+# get_computed_blocks: hit blocks, hit tokens, shared-prefix boundary.
+LookupAnswer = tuple[KVCacheBlocks, int, int]
 
 
 @dataclass(eq=False)
@@ -53,6 +90,15 @@ class KVCacheManager:
     max_in_flight_tokens: int | None = None
     # Tokens after a block its hash covers (profile.hash_lookahead_tokens).
     num_hash_lookahead_tokens: int = 0
+    # Mamba "align" states also at shared-prefix junctions (takes effect
+    # with EAGLE groups and hits inside blocks only, §11).
+    enable_mamba_shared_prefix_checkpoint: bool = False
+    # A speculative-decoding drafter reads the tail of each hit (specs §15);
+    # the flag as given (the coordinator decides which groups drop).
+    use_eagle: bool = False
+    # Tokens after a chunk's end that multi-module MTP writes again (§16.1):
+    # the last lookahead - 1 computed tokens are not final.
+    num_prefill_lookahead: int = 0
 
     def __post_init__(self) -> None:
         config, profile = self.kv_cache_config, self.profile
@@ -65,9 +111,21 @@ class KVCacheManager:
             events_use_int_hashes=self.events_use_int_hashes,
             dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size,
             scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
-            max_in_flight_tokens=self.max_in_flight_tokens,
+            max_in_flight_tokens=self.max_in_flight_tokens, use_eagle=self.use_eagle,
+            num_prefill_lookahead=self.num_prefill_lookahead,
             num_hash_lookahead_tokens=self.num_hash_lookahead_tokens)
         self.block_pool = coordinator.block_pool
+        # Junction checkpoints need EAGLE's replay points and hits inside
+        # blocks; the scheduler stops chunks at junctions by this same flag.
+        # Not with multi-module MTP: what gets keyed then lags the chunk end
+        # by the re-prefilled tokens, so a junction stop would key nothing.
+        junctions = self.mamba_shared_prefix_checkpoint = (
+            self.enable_mamba_shared_prefix_checkpoint and bool(coordinator.eagle_group_ids)
+            and coordinator.enable_partial_hash_hits
+            and coordinator.num_reprefillable_tokens == 0)
+        for mamba in (m for m in coordinator.single_type_managers if junctions):
+            if isinstance(mamba, MambaManager):
+                mamba.shared_prefix_checkpoint = True
         groups = config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
         self.watermark_blocks = int(self.watermark * config.num_blocks)
@@ -82,14 +140,20 @@ class KVCacheManager:
         # requests then take the short path of allocate_slots.
         managers = coordinator.single_type_managers
         only = managers[0] if len(managers) == 1 else None
-        self._plain = (only if isinstance(only, FullAttentionManager)
-                       and only.block_size == self.hash_block_size else None)
+        self._plain = (only if isinstance(only, FullAttentionManager) and not only.skips_tokens
+                       and only.block_size == self.hash_block_size
+                       and not coordinator.num_reprefillable_tokens
+                       and not config.needs_kv_cache_zeroing else None)
         # Its running requests (num_cached_block), looked up on every call.
         self._plain_running = None if self._plain is None else self._plain.num_cached_block
         # Only some kinds act when a step starts (Mamba).
         self._step_hooks = tuple(
             m.new_step_starts for m in managers
             if type(m).new_step_starts is not SingleTypeKVCacheManager.new_step_starts)
+        # Groups whose hit may run past the agreed one (HiSparse's host group):
+        # allocate_slots keeps only what the hit and a load cover.
+        self._longer_hit_groups = tuple(i for i, m in enumerate(managers)
+                                        if m.retains_longer_hit)
 
     @property
     def usage(self) -> float:
@@ -116,22 +180,51 @@ class KVCacheManager:
     # -- lookup -------------------------------------------------------------------
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
-                            ) -> tuple[KVCacheBlocks, int]:
+                            ) -> LookupAnswer:
         """The request's longest cached prefix, at most `max_cache_hit_length`
-        tokens (profile.max_cache_hit_length). By default never all of it:
-        the last token is computed again for its logits."""
+        tokens (profile.max_cache_hit_length; by default never all of it: the
+        last token is computed again for its logits), and the shared-prefix
+        boundary: where the prefix some group has not cached yet ends (0:
+        none), for the scheduler to keep a checkpoint at."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
+            return (self.empty_kv_cache_blocks, 0, 0)
         num_tokens = len(request.all_token_ids)
         if max_cache_hit_length is None:
             max_cache_hit_length = num_tokens - 1
         elif not self.profile.max_cache_hit_length:
             raise TypeError("this release's lookup takes no max_cache_hit_length")
-        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                              max_cache_hit_length)
+        blocks, hit, uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length)
         if self._count_at_lookup and self.log_stats:
             self.prefix_cache_stats.record(num_tokens, hit, request.num_preemptions > 0)
-        return (KVCacheBlocks(blocks) if hit else self._answer(blocks)), hit
+        if hit and request.kv_cache_report_mode == "full" and self.enable_kv_cache_events:
+            # Consumers that asked for full reports learn of reused blocks too.
+            self.coordinator.emit_cached_block_events(request, blocks)
+        answer = KVCacheBlocks(blocks) if hit else self._answer(blocks)
+        return answer, hit, (hit + uncached if uncached else 0)
+
+    def get_computed_blocks_for_connector(self, request: Request) -> ConnectorHit:
+        """The lookup a KV connector schedules with (specs §16.5): for a
+        hybrid of Mamba and full attention, full attention's own hit (the
+        connector brings the Mamba state) and whether some group hit less;
+        otherwise the plain lookup."""
+        coord = self.coordinator
+        hybrid = (isinstance(coord, HybridKVCacheCoordinator)
+                  and coord.full_attention_group_id is not None
+                  and any(isinstance(g.kv_cache_spec, MambaSpec)
+                          for g in self.kv_cache_config.kv_cache_groups))
+        if not hybrid:
+            return (*self.get_computed_blocks(request)[:2], False)
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, False
+        blocks, lengths = coord.find_longest_cache_hit_per_group(
+            request.block_hashes, len(request.all_token_ids) - 1)
+        full = lengths[coord.full_attention_group_id]
+        if max(lengths) > full:
+            # Full attention lost blocks another group kept: only the agreed
+            # lookup gives a boundary every group can serve.
+            return (*self.get_computed_blocks(request)[:2], False)
+        return self.create_kv_cache_blocks(blocks), full, min(lengths) < full
 
     # -- allocation --------------------------------------------------------------------
 
@@ -140,9 +233,12 @@ class KVCacheManager:
             new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
             num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
             num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
-            reserved_blocks: int = 0, has_scheduled_reqs: bool = True) -> KVCacheBlocks | None:
+            reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
+            skip_zeroing_group_ids: Sequence[int] = ()) -> KVCacheBlocks | None:
         """Slots for the request's computed prefix plus `num_new_tokens` (and
         lookahead). None, with nothing taken, when the pool cannot give them.
+        `skip_zeroing_group_ids`: groups whose external blocks a connector's
+        load writes, so the worker must not zero them.
 
         The request's tokens, left to right: already computed | prefix hit |
         loaded by a connector | new | lookahead. The hit is taken, blocks
@@ -162,7 +258,7 @@ class KVCacheManager:
                                   new_computed_blocks, num_lookahead_tokens,
                                   num_external_computed_tokens, delay_cache_blocks,
                                   num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
-                                  has_scheduled_reqs)
+                                  has_scheduled_reqs, skip_zeroing_group_ids)
         # A running request of a single full-attention group (every decode
         # step of every request): no hit to take, nothing skipped, no
         # watermark, so the general path's fan-out is left out.
@@ -201,11 +297,15 @@ class KVCacheManager:
     def _allocate(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                   num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
                   num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
-                  has_scheduled_reqs) -> KVCacheBlocks | None:
+                  has_scheduled_reqs, skip_zeroing_group_ids=()) -> KVCacheBlocks | None:
         request_id = request.request_id
         coord = self.coordinator
         no_hit = self.empty_kv_cache_blocks.blocks
         hit = no_hit if new_computed_blocks is None else new_computed_blocks.blocks
+        if new_computed_blocks is not None and self._longer_hit_groups:
+            # (A new tuple even for an empty hit: the hit is then taken, as in vLLM.)
+            hit = self._trim_longer_hits(hit, num_new_computed_tokens
+                                         + num_external_computed_tokens)
         local = request.num_computed_tokens + num_new_computed_tokens
         with_external = local + num_external_computed_tokens
         computed = min(with_external, self.max_model_len)
@@ -237,7 +337,8 @@ class KVCacheManager:
             return None
         if hit is not no_hit or num_external_computed_tokens > 0:
             coord.allocate_new_computed_blocks(request_id, hit, local,
-                                                     num_external_computed_tokens)
+                                               num_external_computed_tokens,
+                                               skip_zeroing_group_ids)
         fresh = coord.allocate_new_blocks(request_id, slots, main_model,
                                                 num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
@@ -245,16 +346,90 @@ class KVCacheManager:
             coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
 
+    def _trim_longer_hits(self, hit: PerGroup, num_reused: int) -> PerGroup:
+        trimmed = list(hit)
+        managers = self.coordinator.single_type_managers
+        for group_id in self._longer_hit_groups:
+            trimmed[group_id] = trimmed[group_id][:cdiv(num_reused,
+                                                        managers[group_id].block_size)]
+        return tuple(trimmed)
+
     def _answer(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         for group in blocks:
             if group:
                 return KVCacheBlocks(blocks)
         return self.empty_kv_cache_blocks
 
+    # vLLM's public name for the same: the shared empty answer when no group
+    # has a block.
+    create_kv_cache_blocks = _answer
+
     # -- release and cache control --------------------------------------------------------
 
     def free(self, request: Request) -> None:
         self.coordinator.free(request.request_id)
+
+    def pop_blocks_for_free(self, request: Request) -> BlockList:
+        """Forget the request without releasing its blocks: they are
+        returned, in table order, for the caller to free once no step in
+        flight can write them (reversed, tail first; specs §16.3)."""
+        popped = self.coordinator.pop_blocks_for_free(request.request_id)
+        return popped
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks,
+                                 num_computed_tokens: int) -> KVCacheBlocks:
+        """A lookup's answer cut at `num_computed_tokens` (block-aligned in
+        every cacheable group); nothing is touched or changed."""
+        cut: list[BlockList] = []
+        managers = self.coordinator.single_type_managers
+        groups = self.kv_cache_config.kv_cache_groups
+        for hit, manager, group in zip(blocks.blocks, managers, groups, strict=True):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable:
+                if hit:
+                    raise AssertionError("a lookup found blocks of a group that "
+                                         "takes no part in prefix caching")
+                cut.append([])
+                continue
+            size = manager.block_size
+            if num_computed_tokens % size:
+                raise AssertionError(f"{num_computed_tokens} tokens end inside a "
+                                     f"{size}-token block")
+            keep = num_computed_tokens // size
+            if keep > len(hit) and not isinstance(spec, MambaSpec):
+                raise AssertionError(f"{num_computed_tokens} tokens reach past the "
+                                     f"{len(hit)} hit blocks of a group")
+            cut.append(list(hit[:keep]))
+        return self.create_kv_cache_blocks(tuple(cut))
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens,
+                                               num_prompt_tokens)
+
+    def take_new_block_ids(self) -> Ids:
+        """Ids of blocks handed out since the last call that the worker must
+        zero, group after group (specs §16.4)."""
+        return self.coordinator.take_new_block_ids()
+
+    def record_blocks_for_zeroing(self, request_id: str,
+                                  start_token: int) -> None:
+        """Zero the request's blocks from `start_token` on again (e.g. what a
+        failed load left unwritten)."""
+        managers = self.coordinator.single_type_managers
+        for manager in managers:
+            if not manager.records_new_block_ids:
+                continue
+            if start_token % manager.block_size:
+                raise AssertionError(f"zeroing from token {start_token} would wipe part of "
+                                     f"a {manager.block_size}-token block")
+            table = manager.req_to_blocks.get(request_id, ())
+            manager.new_block_ids += [b.block_id
+                                      for b in table[start_token // manager.block_size:]]
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> Ids:
+        """Cascade attention is gone from vLLM: no group shares a prefix."""
+        return [0 for _ in range(self.num_kv_cache_groups)]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:
@@ -283,6 +458,29 @@ class KVCacheManager:
             held += (source, copy)
         return [(source.block_id, copy.block_id) for source, copy in pairs], held
 
+    # -- boundary states for KV connectors (§9.4.3) ---------------------------------------
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The boundary states offered since the last call, per request:
+        (group, block id, boundary tokens)."""
+        offers: dict[str, list[tuple[int, int, int]]] = {}
+        for request_id, group_id, block, boundary in (
+                self.coordinator.take_pending_boundary_state_offloads()):
+            offers.setdefault(request_id, []).append((group_id, block.block_id, boundary))
+        return offers
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """A finishing request's prompt-tail states still in its own table
+        blocks: (group, block id, boundary tokens)."""
+        out = []
+        for manager in self.coordinator.single_type_managers:
+            tail = manager.finalize_partial_tail_offload(
+                request.request_id, request.num_computed_tokens, request.num_in_flight_tokens)
+            if tail is not None:
+                group_id, block, boundary = tail
+                out.append((group_id, block.block_id, boundary))
+        return out
+
     # -- reading ------------------------------------------------------------------------------
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
@@ -290,6 +488,19 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> GroupIds:
         return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> GroupIds:
+        """The request's ids, attention groups (not cross attention) cut to
+        the blocks `num_computed_tokens` tokens occupy."""
+        ids = self.get_block_ids(request_id)
+        out = []
+        for group, group_ids in zip(self.kv_cache_config.kv_cache_groups, ids):
+            spec = group.kv_cache_spec
+            if isinstance(spec, AttentionSpec) and not isinstance(spec, CrossAttentionSpec):
+                group_ids = group_ids[:cdiv(num_computed_tokens, spec.block_size)]
+            out.append(group_ids)
+        return tuple(out)
 
     def take_events(self) -> list[KVCacheEvent]:
         drained = self.block_pool.take_events()

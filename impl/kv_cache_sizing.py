@@ -1,19 +1,22 @@
 """KV cache sizing, as vLLM plans it (vLLM: kv_cache_utils' grouping and sizing
-functions, the specs' page_size_bytes and max_memory_usage_bytes).
+functions, the specs' page_size_bytes and max_memory_usage_bytes);
+specs/KV_CACHE_MANAGER.md §12.
 
 From the spec of every layer to a KV cache config:
-1. the page of a layer: the bytes one block of it takes. Attention: heads x
-   block_size x (K + V head sizes) x dtype bytes; MLA stores one latent (no V);
-   Mamba: its state tensors, whatever the block size;
+1. the page of a layer: the bytes one block of it takes, a grid of
+   [heads, states, content] (attention: K and V of a token per cell, MLA one
+   latent); Mamba: its state tensors, whatever the block size;
 2. the groups: layers with the same spec form one group (one block table);
    a hybrid model first gets a uniform page size (smaller pages grow their
    block size by the ratio, else are padded) and its layers are split into
-   groups of equal layer counts (padding the last group of a kind);
+   groups of equal layer counts; block-outermost layouts pack pages of
+   several sizes side by side instead (impl/kv_cache_packing.py);
 3. the block sizes the scheduler and the hashes work in (LCM and GCD of the
    groups' block sizes, scaled by decode context parallelism where it shards);
 4. num_blocks: the memory budget over the bytes one block takes in every layer
    of the widest group, and the tensor plan: where each layer's pages live;
 5. the capacity: how many requests of max_model_len the pool holds at once.
+Per-worker planning from a whole engine config is impl/kv_cache_planning.py.
 
 The tensor plan differs between versions (profile.kv_cache_tensor_plan): 0.17
 has one tensor per layer slot shared by one layer of each group; 0.32 one
@@ -23,21 +26,24 @@ allocation with a strided region per layer, laid out by a KVCacheLayout.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from math import prod
 
 from impl.kv_cache_spec import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    HiddenStateCacheSpec,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
-    SinkFullAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from impl.math_utils import cdiv
@@ -46,15 +52,35 @@ from impl.profiles import BlockSizesRule, KVCacheTensorPlan, UnifyPadsPages
 # -- 1. pages ------------------------------------------------------------------------
 
 
+def num_heads(spec: AttentionSpec) -> int:
+    """Rows of the page grid: the backend's head slots, else one a KV head."""
+    return spec.num_kv_heads if spec.num_head_slots is None else spec.num_head_slots
+
+
+def num_states(spec: AttentionSpec, block_size: int | None = None) -> int:
+    """Stored states in a block of `block_size` tokens (the spec's own by default)."""
+    tokens = spec.block_size if block_size is None else block_size
+    per_state = spec.tokens_per_state
+    return int(tokens // per_state) if per_state > 0 else 1
+
+
+def state_content_size_bytes(spec: AttentionSpec) -> int:
+    """Bytes of one (head, state) cell: K then V of a token unless packed."""
+    if spec.state_content_bytes is not None:
+        return spec.state_content_bytes
+    return (spec.head_size + spec.v_head_size) * spec.dtype_size
+
+
 def unpadded_page_size_bytes(spec: KVCacheSpec) -> int:
     if isinstance(spec, AttentionSpec):
-        # One state per token; K and V side by side in each (head, token) cell.
-        return spec.num_kv_heads * spec.block_size * (
-            (spec.head_size + spec.v_head_size) * spec.dtype_size
-        )
+        return num_heads(spec) * num_states(spec) * state_content_size_bytes(spec)
     if isinstance(spec, MambaSpec):
         return sum(prod(s) * d for s, d in zip(spec.shapes, spec.dtype_sizes))
     raise NotImplementedError(f"no page size for {type(spec).__name__}")
+
+
+# vLLM's other name for the page without padding.
+real_page_size_bytes = unpadded_page_size_bytes
 
 
 def page_size_bytes(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> int:
@@ -62,16 +88,28 @@ def page_size_bytes(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> int:
         return sum(page_size_bytes(s) for s in spec.kv_cache_specs.values())
     padded = getattr(spec, "page_size_padded", None)
     if padded is not None:
-        assert padded >= unpadded_page_size_bytes(spec)
+        if padded < unpadded_page_size_bytes(spec):
+            raise AssertionError(f"a page padded to {padded} bytes is smaller than "
+                                 f"its {unpadded_page_size_bytes(spec)} bytes of content")
         return padded
     return unpadded_page_size_bytes(spec)
+
+
+def block_stride_alignment(spec: KVCacheSpec) -> int:
+    """Bytes the distance between this layer's blocks must be a multiple of."""
+    return spec.block_stride_alignment or 1
+
+
+def layer_block_stride(spec: KVCacheSpec) -> int:
+    """A layer-outer block stride: the page rounded up to its alignment."""
+    step = block_stride_alignment(spec)
+    return cdiv(page_size_bytes(spec), step) * step
 
 
 def layer_view_shape_bytes(spec: KVCacheSpec, num_blocks: int) -> tuple[int, int, int, int]:
     """vLLM 0.32's logical per-layer cache view [blocks, heads, states, bytes]."""
     if isinstance(spec, AttentionSpec):
-        return (num_blocks, spec.num_kv_heads, spec.block_size,
-                (spec.head_size + spec.v_head_size) * spec.dtype_size)
+        return (num_blocks, num_heads(spec), num_states(spec), state_content_size_bytes(spec))
     return (num_blocks, 1, 1, unpadded_page_size_bytes(spec))
 
 
@@ -84,16 +122,266 @@ def layer_kv_cache_shape(spec: AttentionSpec, num_blocks: int) -> tuple[int, ...
     return (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
 
 
+def get_uniform_page_size(specs: Iterable[KVCacheSpec]) -> int:
+    pages = {page_size_bytes(s) for s in specs}
+    if len(pages) != 1:
+        raise AssertionError(f"expected one page size, got {sorted(pages)}")
+    return pages.pop()
+
+
+# -- 2a. one group's spec for several layers ------------------------------------------
+
+
+@dataclass(slots=True)
+class UniformTypeKVCacheSpecs:
+    """Layers of one kind (the same token slots) with different page sizes:
+    one group, one block table, a page per layer each its own size."""
+
+    block_size: int
+    kv_cache_specs: dict[str, KVCacheSpec]
+
+    @property
+    def first_spec(self) -> KVCacheSpec:
+        return next(iter(self.kv_cache_specs.values()))
+
+    @property
+    def dcp_sharded(self) -> bool:
+        return bool(self.kv_cache_specs) and self.first_spec.dcp_sharded
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return all(s.prefix_cacheable for s in self.kv_cache_specs.values())
+
+    @property
+    def kind(self) -> str:
+        """What the group's events call it: its layers' one kind; if they
+        differ but are all full attention, full attention; else unknown."""
+        kinds = {s.kind for s in self.kv_cache_specs.values()}
+        if len(kinds) == 1:
+            return kinds.pop()
+        if all(_uniform_base(s) is FullAttentionSpec for s in self.kv_cache_specs.values()):
+            return "full_attention"
+        return "unknown"
+
+    @property
+    def sliding_window_of_events(self) -> int | None:
+        windows = {s.sliding_window_of_events for s in self.kv_cache_specs.values()}
+        return windows.pop() if len(windows) == 1 else None
+
+    def get_max_layers_per_page_size(self) -> int:
+        """The most layers sharing one page size (a balanced bucket's count
+        of pattern repeats)."""
+        counts = Counter(page_size_bytes(s) for s in self.kv_cache_specs.values())
+        return max(counts.values())
+
+    @classmethod
+    def is_uniform_type(cls, specs: Mapping[str, KVCacheSpec]) -> bool:
+        return is_uniform_type(specs)
+
+    @classmethod
+    def from_specs(cls, specs: Mapping[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
+        if not is_uniform_type(specs):
+            return None
+        return cls(next(iter(specs.values())).block_size, dict(specs))
+
+
+def iter_layer_specs(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> tuple[KVCacheSpec, ...]:
+    """The per-layer specs a group's spec stands for."""
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return tuple(spec.kv_cache_specs.values())
+    return (spec,)
+
+
+def is_full_attention_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> bool:
+    """Whether every layer of a group is full attention (a stable slot per
+    token); an empty uniform-type group is not."""
+    layers = iter_layer_specs(spec)
+    return bool(layers) and all(isinstance(s, FullAttentionSpec) for s in layers)
+
+
+# -- 2b. merging layer specs ----------------------------------------------------------
+
+
+class MergeError(AssertionError):
+    """Layer specs that cannot share one group spec (vLLM asserts)."""
+
+
+def _attention_fields(spec: AttentionSpec) -> tuple:
+    """What every layer of an attention group must agree on."""
+    return (spec.block_size, spec.dcp_sharded, spec.block_stride_alignment,
+            spec.max_tp_shards, spec.num_kv_heads, spec.head_size, spec.dtype_size,
+            spec.v_head_size, spec.kv_quant_mode, spec.page_size_padded, spec.num_head_slots,
+            spec.state_content_bytes, spec.tokens_per_state)
+
+
+def _one_of(values: set, what: str):
+    """The one value of a set of optional window sizes (None: no value)."""
+    values = {v for v in values if v is not None}
+    if len(values) > 1:
+        raise ValueError(f"one group cannot mix {what} {sorted(values)}")
+    return next(iter(values), None)
+
+
+def _merge_full_attention(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    first = specs[0]
+    if not all(isinstance(s, FullAttentionSpec) for s in specs):
+        raise MergeError("full attention shares a group only with full attention")
+    if any(isinstance(s, MLAAttentionSpec) for s in specs):
+        raise MergeError("MLA layers group only with MLA layers")
+    window = _one_of({s.sliding_window for s in specs}, "sliding windows")
+    chunk = _one_of({s.attention_chunk_size for s in specs}, "attention chunks")
+    merged = replace(first, sliding_window=window, attention_chunk_size=chunk)
+    if any(_attention_fields(s) != _attention_fields(merged) for s in specs):
+        raise MergeError("layers of different head shapes, dtypes or strides in one group")
+    if window is not None and chunk is not None:
+        raise MergeError("sliding window and chunked local layers in one group")
+    return merged
+
+
+def _merge_rswa(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    if not all(isinstance(s, RSWASpec) for s in specs):
+        raise MergeError("R-SWA layers group only with R-SWA layers")
+    if len({s.rswa_window for s in specs}) != 1:
+        raise MergeError("R-SWA layers of different windows in one group")
+    return _merge_full_attention(specs)
+
+
+def _labels_agree(specs: Sequence[KVCacheSpec], labels) -> bool:
+    return len({labels(s) for s in specs}) == 1
+
+
+def _mla_labels(spec: MLAAttentionSpec) -> tuple:
+    return (spec.cache_dtype_str, spec.tokens_per_state, spec.model_version, spec.cache_role,
+            spec.is_index_group_leader, spec.block_stride_alignment)
+
+
+def _sliding_window_mla_labels(spec: SlidingWindowMLASpec) -> tuple:
+    return (spec.cache_dtype_str, spec.tokens_per_state, spec.model_version,
+            spec.sliding_window, spec.extra_retained_tokens, spec.block_stride_alignment,
+            spec.max_tp_shards, spec.dcp_sharded)
+
+
+def _merge_mla(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    if not all(isinstance(s, MLAAttentionSpec) for s in specs):
+        raise MergeError("MLA layers group only with MLA layers")
+    if not _labels_agree(specs, _mla_labels):
+        raise MergeError("MLA layers of different cache formats or roles in one group")
+    # Built from the first layer: a window, chunk or alignment does not carry over.
+    merged = replace(specs[0], sliding_window=None, attention_chunk_size=None, alignment=None)
+    if any(_attention_fields(s) != _attention_fields(merged) for s in specs):
+        raise MergeError("MLA layers of different shapes in one group")
+    return merged
+
+
+def _merge_sliding_window_mla(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    if not all(isinstance(s, SlidingWindowMLASpec) for s in specs):
+        raise MergeError("sliding-window MLA layers group only with their own kind")
+    if not _labels_agree(specs, _sliding_window_mla_labels):
+        raise MergeError("sliding-window MLA layers of different windows or formats")
+    return replace(specs[0], kv_quant_mode=0, alignment=None)
+
+
+def merge_specs(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    """One spec for layers sharing a group (vLLM: type(specs[0]).merge: the
+    first layer's kind decides the rule)."""
+    first = specs[0]
+    if isinstance(first, RSWASpec):
+        return _merge_rswa(specs)
+    if isinstance(first, MLAAttentionSpec):
+        return _merge_mla(specs)
+    if isinstance(first, FullAttentionSpec):
+        return _merge_full_attention(specs)
+    if isinstance(first, SlidingWindowMLASpec):
+        return _merge_sliding_window_mla(specs)
+    if any(s != first for s in specs):
+        raise MergeError("layers of different specs in one group")
+    return first
+
+
+def is_kv_cache_spec_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether the layers' specs merge into one (a window clash is not a no:
+    it is the ValueError merging raises)."""
+    if not specs:
+        return True  # nothing to disagree (attention-free)
+    try:
+        merge_specs(list(specs.values()))
+    except MergeError:
+        return False
+    return True
+
+
+# -- 2c. uniform types -------------------------------------------------------------------
+
+
+def _uniform_base(spec: KVCacheSpec) -> type:
+    """The kind a spec groups with (vLLM's registered uniform_type_base_spec)."""
+    for base in (FullAttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec,
+                 ChunkedLocalAttentionSpec, MambaSpec, CrossAttentionSpec, CircularBufferSpec):
+        if isinstance(spec, base):
+            return base
+    return type(spec)
+
+
+def _mamba_uniform_key(spec: MambaSpec) -> tuple:
+    return (spec.num_speculative_blocks, spec.num_prefill_checkpoint_blocks,
+            spec.prefill_checkpoint_alignment, page_size_bytes(spec))
+
+
+def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether all layers need the same token slots (one group, one table)."""
+    values = list(specs.values())
+    if len({s.block_size for s in values}) > 1 or len({s.dcp_sharded for s in values}) > 1:
+        return False
+    first = values[0]
+    if isinstance(first, SlidingWindowMLASpec):
+        return all(isinstance(s, SlidingWindowMLASpec) and s.sliding_window == first.sliding_window
+                   for s in values)
+    if isinstance(first, SlidingWindowSpec):
+        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == first.sliding_window
+                   for s in values)
+    if isinstance(first, ChunkedLocalAttentionSpec):
+        return all(isinstance(s, ChunkedLocalAttentionSpec)
+                   and s.attention_chunk_size == first.attention_chunk_size for s in values)
+    if isinstance(first, MambaSpec):
+        key = _mamba_uniform_key(first)
+        return all(isinstance(s, MambaSpec) and _mamba_uniform_key(s) == key for s in values)
+    base = _uniform_base(first)
+    return all(isinstance(s, base) for s in values)
+
+
 # -- 3. block sizes --------------------------------------------------------------------
 
 
-def resolve_dcp_block_size(spec: KVCacheSpec, dcp_world_size: int) -> int:
+def resolve_dcp_block_size(spec: KVCacheSpec | UniformTypeKVCacheSpecs,
+                           dcp_world_size: int) -> int:
     """Tokens a block spans when DCP shards the cache's positions across ranks."""
     return spec.block_size * (dcp_world_size if spec.dcp_sharded else 1)
 
 
+def resolve_dcp_kv_cache_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs,
+                              dcp_world_size: int) -> KVCacheSpec | UniformTypeKVCacheSpecs:
+    """The spec with its block size in tokens across the DCP ranks (the same
+    object when DCP does not scale it)."""
+    size = resolve_dcp_block_size(spec, dcp_world_size)
+    if size == spec.block_size:
+        return spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return UniformTypeKVCacheSpecs(size, {
+            name: resolve_dcp_kv_cache_spec(s, dcp_world_size)
+            for name, s in spec.kv_cache_specs.items()})
+    return replace(spec, block_size=size)
+
+
+def _state_compressions(specs) -> set[int]:
+    """Tokens per state of the cacheable layers that compress several tokens
+    into one state: hits must land on multiples of them."""
+    return {s.tokens_per_state for spec in specs for s in iter_layer_specs(spec)
+            if s.prefix_cacheable and isinstance(getattr(s, "tokens_per_state", None), int)
+            and s.tokens_per_state > 1}
+
+
 def resolve_kv_cache_block_sizes(
-    specs: Sequence[KVCacheSpec],
+    specs: Sequence[KVCacheSpec | UniformTypeKVCacheSpecs],
     enable_caching: bool,
     dcp_world_size: int = 1,
     prefix_match_unit: int | None = None,
@@ -144,7 +432,8 @@ def resolve_kv_cache_block_sizes(
     scheduler = math.lcm(*sizes)
     if not (enable_caching or kv_connector):
         return scheduler, scheduler
-    if any(isinstance(s, MambaSpec) and s.mamba_cache_mode != "align" for s in specs):
+    if any(isinstance(s, MambaSpec) and s.mamba_cache_mode != "align"
+           for spec in specs for s in iter_layer_specs(spec)):
         return scheduler, scheduler
     if older:
         hash_block = prefix_match_unit if prefix_match_unit is not None else math.gcd(*sizes)
@@ -158,99 +447,26 @@ def resolve_kv_cache_block_sizes(
         raise ValueError(
             f"prefix_match_unit={hash_block} does not divide every cacheable group's "
             f"block size (groups: {sizes})")
+    compressions = _state_compressions(specs)
+    if compressions:
+        unit = hash_block if _hits_inside_blocks(specs, hash_block, dcp_world_size) else scheduler
+        if any(unit % c for c in compressions):
+            raise ValueError(
+                f"prefix_match_unit={hash_block}: hits every {unit} tokens would split "
+                f"states that compress {sorted(compressions)} tokens")
     return scheduler, hash_block
 
 
-# -- 2. groups --------------------------------------------------------------------------
+def _hits_inside_blocks(specs, hash_block: int, dcp_world_size: int) -> bool:
+    from impl.coordinator import partial_hash_hits_enabled
+    from impl.managers import manager_class_for
+
+    layers = [s.first_spec if isinstance(s, UniformTypeKVCacheSpecs) else s for s in specs]
+    return partial_hash_hits_enabled(specs, [manager_class_for(s) for s in layers],
+                                     hash_block, dcp_world_size)
 
 
-@dataclass(slots=True)
-class UniformTypeKVCacheSpecs:
-    """Layers of one kind (the same token slots) with different page sizes:
-    one group, one block table, a page per layer each its own size."""
-
-    block_size: int
-    kv_cache_specs: dict[str, KVCacheSpec]
-
-    @property
-    def first_spec(self) -> KVCacheSpec:
-        return next(iter(self.kv_cache_specs.values()))
-
-
-class MergeError(ValueError):
-    """Layer specs that cannot share one group spec."""
-
-
-def _attention_fields(spec: AttentionSpec) -> tuple:
-    return (spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype_size,
-            spec.head_size_v, spec.page_size_padded)
-
-
-def merge_specs(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-    """One spec for layers sharing a group (vLLM: type(specs[0]).merge)."""
-    first = specs[0]
-    if type(first) in (FullAttentionSpec, SinkFullAttentionSpec):
-        if not all(isinstance(s, FullAttentionSpec) for s in specs):
-            raise MergeError("full attention shares a group only with full attention")
-        if any(isinstance(s, MLAAttentionSpec) for s in specs):
-            raise MergeError("MLA layers group only with MLA layers")
-        windows = {s.sliding_window for s in specs if s.sliding_window is not None}
-        chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
-        if len(windows) > 1 or len(chunks) > 1:
-            raise MergeError("layers of different windows or chunks in one group")
-        if any(_attention_fields(s) != _attention_fields(first) for s in specs):
-            raise MergeError("layers of different head shapes or dtypes in one group")
-        if windows and chunks:
-            raise MergeError("sliding window and chunked local layers in one group")
-        # The merged spec keeps the one window or chunk some layer has.
-        return replace(first, sliding_window=next(iter(windows), None),
-                       attention_chunk_size=next(iter(chunks), None))
-    if type(first) is MLAAttentionSpec:
-        if not all(isinstance(s, MLAAttentionSpec) for s in specs) or any(
-            _attention_fields(s) != _attention_fields(first) for s in specs
-        ):
-            raise MergeError("MLA layers of different shapes in one group")
-        return first
-    if any(s != first for s in specs):
-        raise MergeError("layers of different specs in one group")
-    return first
-
-
-def _uniform_base(spec: KVCacheSpec) -> type:
-    """The kind a spec groups with (vLLM's registered uniform_type_base_spec)."""
-    for base in (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec,
-                 MambaSpec, CrossAttentionSpec):
-        if isinstance(spec, base):
-            return base
-    return type(spec)
-
-
-def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
-    """Whether all layers need the same token slots (one group, one table)."""
-    values = list(specs.values())
-    if len({s.block_size for s in values}) > 1 or len({s.dcp_sharded for s in values}) > 1:
-        return False
-    first = values[0]
-    if isinstance(first, SlidingWindowSpec):
-        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == first.sliding_window
-                   for s in values)
-    if isinstance(first, ChunkedLocalAttentionSpec):
-        return all(isinstance(s, ChunkedLocalAttentionSpec)
-                   and s.attention_chunk_size == first.attention_chunk_size for s in values)
-    if isinstance(first, MambaSpec):
-        return all(isinstance(s, MambaSpec)
-                   and s.num_speculative_blocks == first.num_speculative_blocks
-                   and page_size_bytes(s) == page_size_bytes(first) for s in values)
-    base = _uniform_base(first)
-    return all(isinstance(s, base) for s in values)
-
-
-def _is_uniform_spec(specs: Mapping[str, KVCacheSpec]) -> bool:
-    try:
-        merge_specs(list(specs.values()))
-    except MergeError:
-        return False
-    return True
+# -- 2d. groups --------------------------------------------------------------------------
 
 
 def unify_kv_cache_spec_page_size(
@@ -277,9 +493,10 @@ def unify_kv_cache_spec_page_size(
         elif max_page % page == 0:
             out[name] = replace(spec, block_size=spec.block_size * (max_page // page))
         elif (pad_pages and isinstance(spec, AttentionSpec)
-              and not isinstance(spec, MLAAttentionSpec)):
+              and not isinstance(spec, (MLAAttentionSpec, SlidingWindowMLASpec))):
             out[name] = replace(spec, page_size_padded=max_page)
         else:
+            # (Sparse MLA reads its cache in whole token rows: no padding.)
             raise NotImplementedError(
                 f"layer {name}: its {page}-byte page neither divides the largest page "
                 f"({max_page} bytes) nor can be padded to it")
@@ -303,7 +520,7 @@ def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec], pad_ratio: float
         for bucket_names, bucket_specs in buckets:
             try:
                 merge_specs([*bucket_specs, spec])
-            except MergeError:
+            except (AssertionError, ValueError):
                 continue
             bucket_names.extend(names)
             bucket_specs.append(spec)
@@ -325,26 +542,153 @@ def _groups_of_uniform_page_size(specs: dict[str, KVCacheSpec], pad_ratio: float
     ]
 
 
+# Local attention promoted to full attention (allocation only; the layer
+# still computes its window or chunk). Sliding-window MLA first: it is also
+# a sliding window.
+_PROMOTIONS = ((SlidingWindowMLASpec, MLAAttentionSpec), (SlidingWindowSpec, FullAttentionSpec),
+               (ChunkedLocalAttentionSpec, FullAttentionSpec))
+
+
+def _promoted(spec: AttentionSpec, target: type, block_size: int) -> AttentionSpec:
+    padded = spec.page_size_padded
+    if padded is not None:
+        # Padding grows with the block (never below the old padding).
+        padded = max(padded, unpadded_page_size_bytes(spec) * block_size // spec.block_size)
+    # Fields the target kind lacks (a window's retained tokens) are dropped.
+    kept = {f.name for f in fields(target)}
+    values = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init and f.name in kept}
+    values.update(block_size=block_size, page_size_padded=padded)
+    return target(**values)
+
+
+def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """Sliding-window and chunked-local layers as full attention, when full
+    attention is there too, so that every layer can share one table.
+    ValueError when the result still is not of one kind."""
+    out = dict(specs)
+    if is_kv_cache_spec_uniform(out) or is_uniform_type(out):
+        return out
+    values = list(specs.values())
+    full_sizes = {s.block_size for s in values if isinstance(s, FullAttentionSpec)}
+    local = any(isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec)) for s in values)
+    if full_sizes and local:
+        for name, spec in specs.items():
+            target = next((t for kind, t in _PROMOTIONS if isinstance(spec, kind)), None)
+            if target is not None:
+                size = next(iter(full_sizes)) if len(full_sizes) == 1 else spec.block_size
+                out[name] = _promoted(spec, target, size)
+    if not (is_kv_cache_spec_uniform(out) or is_uniform_type(out)):
+        raise ValueError("the layers' KV caches cannot be made one kind: local attention "
+                         "becomes full attention only next to full attention, and "
+                         "nothing else changes kind")
+    return out
+
+
+def unify_hybrid_kv_cache_specs(specs: dict[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """The hybrid manager is off: one kind of table for every layer (local
+    attention promoted to full attention). Updates `specs` in place (as vLLM
+    does) and returns it."""
+    by_sharding: dict[bool, dict[str, KVCacheSpec]] = defaultdict(dict)
+    for name, spec in specs.items():
+        by_sharding[isinstance(spec, AttentionSpec) and not spec.dcp_sharded][name] = spec
+    for part in by_sharding.values():
+        promoted = promote_local_kv_cache_specs(part)
+        if promoted != part:
+            specs.update(promoted)
+    return specs
+
+
+def full_allocation_fallback_groups(
+        specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec] | None:
+    """MLA next to a sliding window whose pages cannot be unified: the window
+    layers allocate as full attention, every layer in one uniform-type group.
+    None when the model is not such a case."""
+    values = list(specs.values())
+    if any(isinstance(s, (HiddenStateCacheSpec, SlidingWindowMLASpec, ChunkedLocalAttentionSpec))
+           for s in values):
+        return None
+    if not (any(isinstance(s, MLAAttentionSpec) for s in values)
+            and any(isinstance(s, SlidingWindowSpec) for s in values)):
+        return None
+    try:
+        promoted = promote_local_kv_cache_specs(specs)
+    except ValueError:
+        return None
+    uniform = UniformTypeKVCacheSpecs.from_specs(promoted)
+    if uniform is None:
+        return None
+    return [KVCacheGroupSpec(tuple(uniform.kv_cache_specs), uniform)]
+
+
+def _hidden_state_bytes_per_token(spec: HiddenStateCacheSpec) -> int:
+    return spec.num_kv_heads * spec.head_size * spec.dtype_size
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    return next((d for d in range(min(value, limit), 0, -1) if value % d == 0), 1)
+
+
+def _with_hidden_state_groups(groups: list[KVCacheGroupSpec],
+                              hidden: dict[str, HiddenStateCacheSpec]) -> list[KVCacheGroupSpec]:
+    """A group per hidden-state layer, its page padded to the groups' one
+    page; that page first grows (with every group's block size) until a
+    token's hidden states fit in it."""
+    page = get_uniform_page_size(g.kv_cache_spec for g in groups)
+    widest = max(_hidden_state_bytes_per_token(s) for s in hidden.values())
+    if widest > page:
+        scale = cdiv(widest, page)
+        page *= scale
+        scaled = []
+        for g in groups:
+            spec = g.kv_cache_spec
+            changes = {"block_size": spec.block_size * scale}
+            if getattr(spec, "page_size_padded", None) is not None:
+                changes["page_size_padded"] = spec.page_size_padded * scale
+            scaled.append(KVCacheGroupSpec(g.layer_names, replace(spec, **changes)))
+        groups = scaled
+    common = math.gcd(*(g.kv_cache_spec.block_size for g in groups))
+    for name, spec in hidden.items():
+        fits = max(page // _hidden_state_bytes_per_token(spec), 1)
+        groups.append(KVCacheGroupSpec((name,), replace(
+            spec, block_size=_largest_divisor_at_most(common, fits), page_size_padded=page)))
+    return groups
+
+
 def get_kv_cache_groups(
     specs: Mapping[str, KVCacheSpec], pad_pages: bool | UnifyPadsPages = True,
-    layout: str = "LBNHC", pad_ratio: float = 1.5,
+    layout: str = "LBNHC", disable_hybrid_kv_cache_manager: bool = False,
+    pad_ratio: float = 1.5,
 ) -> list[KVCacheGroupSpec]:
-    """Split the model's layers into KV cache groups (a group of a
-    UniformTypeKVCacheSpecs when one kind has several page sizes)."""
+    """Split the model's layers into KV cache groups (§12.3). With the hybrid
+    manager off, `specs` is first promoted in place (as vLLM does)."""
+    if disable_hybrid_kv_cache_manager:
+        unify_hybrid_kv_cache_specs(specs)
     specs = dict(specs)
     if not specs:
         return []  # attention-free
-    if _is_uniform_spec(specs):
+    if is_kv_cache_spec_uniform(specs):
         return [KVCacheGroupSpec(tuple(specs), merge_specs(list(specs.values())))]
-    if is_uniform_type(specs):
-        first = next(iter(specs.values()))
-        return [KVCacheGroupSpec(tuple(specs), UniformTypeKVCacheSpecs(first.block_size, specs))]
-    if _block_outermost(layout) and len({page_size_bytes(s) for s in specs.values()}) > 1:
-        # vLLM 0.32 packs mixed page sizes side by side in each block instead
-        # (_get_packed_kv_cache_groups); not implemented here.
-        raise NotImplementedError("packed groups of mixed page sizes (block-outermost layout)")
-    return _groups_of_uniform_page_size(
-        unify_kv_cache_spec_page_size(specs, pad_pages), pad_ratio)
+    uniform = UniformTypeKVCacheSpecs.from_specs(specs)
+    if uniform is not None:
+        return [KVCacheGroupSpec(tuple(specs), uniform)]
+    # Hidden-state layers keep a table of their own.
+    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
+    rest = {n: s for n, s in specs.items() if n not in hidden}
+    from impl.kv_cache_packing import get_packed_kv_cache_groups
+
+    packed = get_packed_kv_cache_groups(rest, layout)
+    if packed is not None:
+        # Blocks are strided by the widest group: no page to align to.
+        return packed + [KVCacheGroupSpec((n,), s) for n, s in hidden.items()]
+    try:
+        rest = unify_kv_cache_spec_page_size(rest, pad_pages)
+    except NotImplementedError:
+        fallback = full_allocation_fallback_groups(specs)
+        if fallback is None:
+            raise
+        return fallback
+    groups = _groups_of_uniform_page_size(rest, pad_ratio)
+    return _with_hidden_state_groups(groups, hidden) if hidden else groups
 
 
 # -- 4. blocks and tensors ------------------------------------------------------------
@@ -361,8 +705,26 @@ KV_CACHE_LAYOUTS = {
 }
 
 
-def _block_outermost(layout: str) -> bool:
-    return KV_CACHE_LAYOUTS[layout][0] == _B
+def layout_order(layout: str | None) -> tuple[int, ...]:
+    """The physical order of the logical axes; a layout must be known
+    (resolved by the engine) before tensors are planned."""
+    if layout is None:
+        raise ValueError("the KV cache layout is not resolved yet: the engine resolves it "
+                         "before planning the KV cache tensors")
+    return KV_CACHE_LAYOUTS[layout]
+
+
+def block_outermost(layout: str | None) -> bool:
+    return layout_order(layout)[0] == _B
+
+
+def _layers_outermost(layout: str) -> bool:
+    return layout_order(layout)[0] == _L
+
+
+def _pages_contiguous(layout: str) -> bool:
+    """Whether each page's [H, N, C] bytes are one run (L and B outermost)."""
+    return set(layout_order(layout)[:2]) == {_L, _B}
 
 
 @dataclass(slots=True)
@@ -385,6 +747,8 @@ class KVCacheConfigPlan:
     num_blocks: int
     kv_cache_tensors: list[KVCacheTensor]
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
+    # TP ranks in a row holding the same KV for every layer (1: none).
+    kv_tp_replicas: int = 1
 
 
 def _layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
@@ -395,17 +759,42 @@ def _layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: str = "LBNHC") -> int:
-    """Bytes one block id takes: every layer's page in the widest group."""
-    return max(sum(page_size_bytes(s) for _, s in _layer_specs(g)) for g in groups)
+    """Bytes one block id takes: every layer's page in the widest group (each
+    rounded up to its stride alignment, or the whole block rounded up to all
+    of them when blocks are outermost)."""
+    if not block_outermost(layout):
+        return max(sum(layer_block_stride(s) for _, s in _layer_specs(g)) for g in groups)
+    widest = max(sum(page_size_bytes(s) for _, s in _layer_specs(g)) for g in groups)
+    step = math.lcm(*(block_stride_alignment(s) for g in groups for _, s in _layer_specs(g)))
+    return cdiv(widest, step) * step
+
+
+def validate_kv_cache_layout(layout: str, groups: Sequence[KVCacheGroupSpec]) -> None:
+    """Pages of several sizes sit side by side inside a block: the layout
+    must keep a page contiguous and, with several groups, not put the layers
+    outermost."""
+    pages = {page_size_bytes(s) for g in groups for _, s in _layer_specs(g)}
+    if len(pages) <= 1:
+        return
+    if not _pages_contiguous(layout) or (len(groups) > 1 and _layers_outermost(layout)):
+        raise ValueError(
+            f"the {layout} KV cache layout cannot hold pages of {len(pages)} sizes "
+            f"({sorted(pages)} bytes) in one pool; a layout with blocks outermost can")
 
 
 def layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: str,
                    block_stride: int | None = None) -> tuple[int, ...]:
     """Byte strides of the logical [L, B, H, N, C] axes under `layout`."""
-    order = KV_CACHE_LAYOUTS[layout]
+    order = layout_order(layout)
     shape = (num_layers, *layer_view_shape_bytes(spec, num_blocks))
     padded = getattr(spec, "page_size_padded", None)
     page_grid_end = max(order.index(_L), order.index(_B)) + 1
+    if padded is not None and prod(shape[d] for d in order[:page_grid_end]) != (
+            num_layers * num_blocks):
+        # Padding goes after each (layer, block) page: no other axis may sit
+        # outside it unless it has a single entry.
+        raise AssertionError(f"the {layout} layout puts more than layers and blocks outside "
+                             f"a padded page (logical shape {shape})")
     fixed = (None, block_stride, None, None, None)
     strides = [0] * 5
     current = 1
@@ -433,21 +822,31 @@ def get_kv_cache_config_from_groups(
         # 0.24-0.28's tensors carry an offset and a block stride, both zero
         # outside the packed layouts this plan does not implement.
         return _shared_by_plan(groups, available_memory, num_gpu_blocks_override)
+    validate_kv_cache_layout(layout, groups)
     per_block = bytes_per_block(groups, layout)
     num_blocks = available_memory // per_block
     if num_gpu_blocks_override is not None:
         num_blocks = num_gpu_blocks_override
     size = per_block * num_blocks
-    outer = _block_outermost(layout)
+    outer = block_outermost(layout)
     tensors = []
     for group in groups:
         by_spec: dict[KVCacheSpec, list[str]] = defaultdict(list)
-        for name, spec in _layer_specs(group):
-            by_spec[spec].append(name)
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            for name, layer in spec.kv_cache_specs.items():
+                by_spec[layer].append(name)
+        elif group.layer_names:
+            by_spec[spec].extend(group.layer_names)
         offset = 0
         for spec, names in by_spec.items():
-            strides = layout_strides(spec, num_blocks, len(names), layout,
-                                     per_block if outer else None)
+            stride = per_block if outer else None
+            padded = layer_block_stride(spec)
+            if stride is None and padded != page_size_bytes(spec):
+                # A layer-outer region whose pages are padded to the alignment.
+                assert _pages_contiguous(layout), f"{layout} cannot pad a page"
+                stride = padded
+            strides = layout_strides(spec, num_blocks, len(names), layout, stride)
             tensors.append(KVCacheTensor(size, names, strides[_L], strides[_B], offset))
             offset += len(names) * (page_size_bytes(spec) if outer else strides[_L])
     return KVCacheConfigPlan(num_blocks, tensors, groups)
@@ -490,36 +889,73 @@ def max_memory_usage_bytes(
     dcp_world_size: int = 1,
     max_in_flight_tokens: int | None = None,
     max_num_encoder_input_tokens: int = 0,
+    mamba_cache_mode: str | None = None,
 ) -> int:
     """The most one request can take of this group (vLLM's
-    spec.max_memory_usage_bytes)."""
+    spec.max_memory_usage_bytes). `mamba_cache_mode`: the engine's, which
+    every Mamba spec was built with (None: the spec's own)."""
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
     if isinstance(spec, UniformTypeKVCacheSpecs):
         pages = max(
             cdiv(max_memory_usage_bytes(s, max_model_len, dcp_world_size, in_flight,
-                                        max_num_encoder_input_tokens), page_size_bytes(s))
+                                        max_num_encoder_input_tokens, mamba_cache_mode),
+                 page_size_bytes(s))
             for s in spec.kv_cache_specs.values()
         )
         return pages * page_size_bytes(spec)
     page = page_size_bytes(spec)
+    if isinstance(spec, CircularBufferSpec):
+        return page  # one ring for the request's whole life
     if isinstance(spec, FullAttentionSpec):
         length = max_model_len
         if spec.dcp_sharded and dcp_world_size > 1:
             length = cdiv(length, dcp_world_size)
         return cdiv(length, spec.block_size) * page
     if isinstance(spec, SlidingWindowSpec):
+        if spec.dcp_sharded and dcp_world_size > 1:
+            raise AssertionError("a sliding window cannot be sharded by DCP")
         n = min(spec.sliding_window - 1 + spec.extra_retained_tokens + in_flight, max_model_len)
         return (cdiv(n, spec.block_size) + 1) * page
     if isinstance(spec, ChunkedLocalAttentionSpec):
         return cdiv(min(spec.attention_chunk_size + in_flight, max_model_len),
                     spec.block_size) * page
     if isinstance(spec, MambaSpec):
-        if spec.mamba_cache_mode == "align":
-            return page * (2 + spec.num_speculative_blocks)
+        mode = spec.mamba_cache_mode if mamba_cache_mode is None else mamba_cache_mode
+        if mode == "align":
+            # The running state, the one it was copied from, the checkpoint
+            # blocks and the draft tokens' scratch blocks.
+            return page * (2 + spec.num_prefill_checkpoint_blocks + spec.num_speculative_blocks)
         return page * (1 + spec.num_speculative_blocks)
     if isinstance(spec, CrossAttentionSpec):
         return cdiv(max_num_encoder_input_tokens, spec.block_size) * page
     raise NotImplementedError(type(spec).__name__)
+
+
+def max_num_blocks_per_req(
+    spec: KVCacheSpec | UniformTypeKVCacheSpecs, max_len: int, dcp_world_size: int = 1,
+    mamba_cache_mode: str | None = None, **usage,
+) -> int:
+    """Block-table entries a request of `max_len` tokens needs in this group
+    (the worker's block table row)."""
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        widths = {max_num_blocks_per_req(s, max_len, dcp_world_size, mamba_cache_mode, **usage)
+                  for s in spec.kv_cache_specs.values()}
+        if len(widths) != 1:
+            raise AssertionError(f"layers of one group need {sorted(widths)} table entries")
+        return widths.pop()
+    if isinstance(spec, CircularBufferSpec):
+        return 1
+    if isinstance(spec, AttentionSpec):
+        return cdiv(max_len, resolve_dcp_block_size(spec, dcp_world_size))
+    if isinstance(spec, MambaSpec):
+        mode = spec.mamba_cache_mode if mamba_cache_mode is None else mamba_cache_mode
+        if mode == "align":
+            # Rows are indexed by position over the whole sequence.
+            return cdiv(max_len, spec.block_size) + spec.num_speculative_blocks
+        usage = max_memory_usage_bytes(spec, max_len, dcp_world_size,
+                                       mamba_cache_mode=mamba_cache_mode, **usage)
+        return cdiv(usage, page_size_bytes(spec))
+    return cdiv(max_len, spec.block_size)
 
 
 def get_max_concurrency(

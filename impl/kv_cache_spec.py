@@ -11,8 +11,10 @@ manager registry walks a spec's bases, so MLA and sink attention must be
 FullAttentionSpecs.
 """
 
+import fractions
 import re
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
+from enum import Enum
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -27,6 +29,10 @@ def _kind_of(class_name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class KVCacheSpec:
     block_size: int
+    _: KW_ONLY
+    # Bytes the distance between two blocks of this layer must be a multiple
+    # of (a kernel re-pages the cache in units of it); None: any.
+    block_stride_alignment: int | None = None
 
     # What BlockStored events carry as `kv_cache_spec_kind` for the group.
     kind = "unknown"
@@ -39,8 +45,11 @@ class KVCacheSpec:
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
-        # the zero-argument form, and object's hook does nothing.)
-        cls.kind = _kind_of(cls.__name__)
+        # the zero-argument form, and object's hook does nothing.) A kind
+        # named in the class body wins: vLLM's events have no kind of their
+        # own for some specs (R-SWA is full attention to them).
+        if "kind" not in cls.__dict__:
+            cls.kind = _kind_of(cls.__name__)
 
     @property
     def sliding_window_of_events(self) -> int | None:
@@ -55,8 +64,24 @@ class AttentionSpec(KVCacheSpec):
     dtype_size: int = 4  # bytes per element of the cache dtype: 2 for bf16, 1 for fp8
     head_size_v: int | None = None  # where V's head size is not K's
     page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
-
-    dcp_sharded = True
+    _: KW_ONLY
+    # Only labels the cache's quantization (vLLM's KVQuantMode value); what
+    # it does to the page arrives as state_content_bytes.
+    kv_quant_mode: int = 0
+    # Distinct shards the cache has across tensor-parallel ranks; ranks
+    # beyond that hold copies. None: unknown (counted as no copies).
+    max_tp_shards: int | None = None  # e.g. 1 for MLA's single latent head
+    # A page is a [heads, states, content] grid. A backend packing it its own
+    # way publishes the heads and the bytes of one cell; None: one head per
+    # KV head, and K then V of one token in a cell.
+    num_head_slots: int | None = None  # heads of the grid
+    state_content_bytes: int | None = None  # bytes of one cell
+    # Tokens one stored state covers: k > 1 compresses k tokens into a state,
+    # Fraction(1, k) stores k states per token, <= 0 one state a block.
+    tokens_per_state: int | fractions.Fraction = 1
+    # False: every DCP rank keeps the whole KV (a draft model beside a
+    # sharded target), so a block spans only its own block size.
+    dcp_sharded: bool = True
 
     @property
     def v_head_size(self) -> int:
@@ -71,14 +96,58 @@ class FullAttentionSpec(AttentionSpec):
     attention_chunk_size: int | None = None  # tokens per local chunk
 
 
+def _pad_to_alignment(spec) -> None:
+    """MLA pages padded up to a multiple of the spec's `alignment` (DeepSeek
+    V4 kernels), recorded as the spec's padded page as vLLM records it."""
+    if spec.alignment is None:
+        return
+    from impl.kv_cache_sizing import unpadded_page_size_bytes
+
+    raw = unpadded_page_size_bytes(spec)
+    rounded = -(-raw // spec.alignment) * spec.alignment
+    if rounded != raw:
+        object.__setattr__(spec, "page_size_padded", rounded)
+
+
 @dataclass(frozen=True, slots=True)
 class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention: one latent per token and no V
-    (num_kv_heads 1, head_size the latent width, e.g. 512 + 64)."""
+    (num_kv_heads 1, head_size the latent width, e.g. 512 + 64). Sparse MLA
+    models have a second MLA cache per layer, the indexer's keys."""
+
+    _: KW_ONLY
+    cache_dtype_str: str | None = None  # the cache format, e.g. "fp8_ds_mla"
+    alignment: int | None = None  # pad the page to a multiple of this many bytes
+    model_version: str | None = None  # e.g. "deepseek_v4"
+    cache_role: str = "sparse"  # or "indexer": a sparse-attention indexer's keys
+    is_index_group_leader: bool = False  # the layer whose indexer its peers share
+
+    def __post_init__(self) -> None:
+        _pad_to_alignment(self)
 
     @property
     def v_head_size(self) -> int:
         return 0
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenStateCacheSpec(MLAAttentionSpec):
+    """A layer that only stores hidden states for a connector to read back
+    (vLLM's extract_hidden_states): one block table of its own, never
+    grouped with attention layers."""
+
+    kind = "mla_attention"
+
+
+@dataclass(frozen=True, slots=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding window: the prompt stays readable, decoded tokens
+    are read `rswa_window` back; the gap between the two is given back."""
+
+    _: KW_ONLY
+    rswa_window: int = 0
+
+    kind = "full_attention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +163,34 @@ class SlidingWindowSpec(AttentionSpec):
     @property
     def sliding_window_of_events(self) -> int | None:
         return self.sliding_window
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """A sliding window over MLA latents (one latent a token, no V)."""
+
+    _: KW_ONLY
+    cache_dtype_str: str | None = None  # as for MLA
+    alignment: int | None = None  # as for MLA
+    model_version: str | None = None  # as for MLA
+
+    def __post_init__(self) -> None:
+        _pad_to_alignment(self)
+
+    @property
+    def v_head_size(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class CircularBufferSpec(AttentionSpec):
+    """A ring of `block_size` raw key rows a request keeps for its whole
+    life (the K-pool tail of compressed sparse attention): one block per
+    request, never shared, never keyed."""
+
+    prefix_cacheable = False
+    # vLLM's events have no kind for it (they never name it: nothing keyed).
+    kind = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +216,48 @@ class MambaSpec(KVCacheSpec):
     page_size_padded: int | None = None  # a hybrid model's pages padded to its largest
     mamba_cache_mode: str = "none"  # or "align"
     num_speculative_blocks: int = 0  # room for draft tokens' states
+    # "align" only: blocks a backend exports a state inside a prefill chunk
+    # into, and the token step such an export position must keep from the
+    # chunk start (None: the backend cannot export one).
+    num_prefill_checkpoint_blocks: int = 0  # 0 or 1 in practice
+    prefill_checkpoint_alignment: int | None = None  # tokens
+
+
+class KVCacheGroupRole(Enum):
+    """The part a group plays besides its spec (HiSparse, spec §14). The values
+    are vLLM's; a group without a role is an ordinary one."""
+
+    DEFAULT, HISPARSE_SOURCE, HISPARSE_INDEXER = "default", "hisparse_source", "hisparse_indexer"
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheGroupSpec:
+    """Layers that share one block table, served by one single-type manager."""
+
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # HiSparse only: the source group (its blocks are host blocks, its manager
+    # publishes them once durable) and the indexer group; None elsewhere.
+    role: KVCacheGroupRole | None = None
+    host_resident: bool = False
+    # Holds an EAGLE / MTP drafter's layers (specs/KV_CACHE_MANAGER.md §15).
+    is_eagle_group: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KVCacheConfig:
+    """What a KV cache manager is built from: the device pool's size (null
+    block included) and the groups drawing from it."""
+
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = field(default_factory=tuple)
+    # Sparse checkpoints of sliding-window and Mamba groups: None keeps every
+    # reachable one, 0 only replay boundaries and shared-prefix junctions, a
+    # positive interval one per interval as well (spec 9.2.1).
+    prefix_cache_retention_interval: int | None = None  # tokens
+    # How many blocks HiSparse's host pool has, null block included; only a
+    # model with a HiSparse source group has one.
+    hisparse_host_num_blocks: int | None = None
+    # The worker zeroes new attention blocks before use (Mamba layers or
+    # mixed precisions), so managers record the ids they hand out (§16.4).
+    needs_kv_cache_zeroing: bool = False

@@ -18,6 +18,7 @@ from impl.profiles import MMExtraKey, VersionProfile
 from impl.request import Request
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # HiSparse's host pool
 
 
 @dataclass(slots=True)
@@ -57,9 +58,11 @@ class KVEventBuilder:
     """Turns what the pool did into events, in the shape the profile's vLLM
     publishes (int or byte hashes, group fields or not, tagged extra keys)."""
 
-    __slots__ = ("as_int", "with_group", "with_session", "tagged", "mm_offset", "lookahead")
+    __slots__ = ("as_int", "with_group", "with_session", "tagged", "mm_offset", "lookahead",
+                 "medium")
 
-    def __init__(self, profile: VersionProfile, as_int: bool, lookahead: int = 0) -> None:
+    def __init__(self, profile: VersionProfile, as_int: bool, lookahead: int = 0,
+                 medium: str = MEDIUM_GPU) -> None:
         self.as_int = as_int
         # Tokens after a block its hash (and so its event's extra keys) covers.
         self.lookahead = lookahead
@@ -68,10 +71,12 @@ class KVEventBuilder:
         self.with_session = fields.carries_session
         self.tagged = profile.tagged_extra_keys
         self.mm_offset = profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET
+        # Where the pool keeps its blocks, as events name it.
+        self.medium = medium
 
     def removed(self, key: bytes) -> BlockRemoved:
         return BlockRemoved(
-            [external_block_hash(get_block_hash(key), self.as_int)], MEDIUM_GPU,
+            [external_block_hash(get_block_hash(key), self.as_int)], self.medium,
             get_group_id(key) if self.with_group else None,
         )
 
@@ -94,7 +99,7 @@ class KVEventBuilder:
             token_ids=request.all_token_ids[start:end],
             block_size=block_size,
             lora_id=None if lora is None else lora.int_id,
-            medium=MEDIUM_GPU,
+            medium=self.medium,
             lora_name=None if lora is None else lora.name,
             # No list at all when no block was stored, as vLLM publishes it.
             extra_keys=extras or None,

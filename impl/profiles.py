@@ -277,6 +277,19 @@ class UnifyPadsPages(str, Enum):
         return self is not UnifyPadsPages.NEVER
 
 
+class EagleDropGroups(str, Enum):
+    """Which KV cache groups drop the last matched unit of a prefix hit for
+    an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md section 15).
+
+    `eagle_group_ids` is the same in both: the groups flagged as draft
+    groups, or all of them when none is flagged and `use_eagle` is set."""
+
+    # 0.32: every group of eagle_group_ids drops, use_eagle or not.
+    FLAGGED_OR_ALL = "flagged_or_all"
+    # 0.33: those groups drop only when use_eagle is set.
+    FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -360,6 +373,32 @@ class VersionProfile:
     # `needs_kv_cache_zeroing` argument its own coordinator passes (0.26+), so
     # the vLLM adapter drops the argument (API shape).
     sink_manager_rejects_zeroing_arg: bool
+    # Mamba "align" groups with prefill checkpoint blocks (a state exported
+    # inside a prefill chunk); 0.17's MambaSpec has no such field.
+    mamba_prefill_checkpoints: bool
+    # KVCacheConfig.prefix_cache_retention_interval, replay boundaries and
+    # sparse sliding-window / Mamba checkpoints; absent in 0.17.
+    prefix_cache_retention: bool
+    # take_boundary_state_offloads / finalize_partial_tail_offloads (a
+    # connector told which Mamba block holds which boundary state).
+    boundary_state_offloads: bool
+    # Mamba releases blocks as if num_speculative_blocks fewer tokens were
+    # computed (0.17: drafts of the last step may still be rejected).
+    mamba_release_lags_speculative_blocks: bool
+    # Which groups drop a unit of each hit for EAGLE / MTP; None: this
+    # release's EAGLE lookups are not modelled (0.17 drops on every pass of
+    # the hybrid loop), so a manager with EAGLE is refused.
+    eagle_drop_groups: EagleDropGroups | None
+    # Attention kinds the release has (0.17 none of them): R-SWA groups that
+    # give back the gap between prompt and window (0.25+); circular-buffer
+    # groups, one ring block a request (0.29+); sliding-window MLA and MLA
+    # cache roles of sparse attention (0.30+).
+    rswa_groups: bool = False
+    circular_buffer_groups: bool = False
+    sparse_mla_groups: bool = False
+    # HiSparse groups (a host pool, resident and hot pages, the coordinator
+    # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
+    hisparse: bool = False
 
     @property
     def releases(self) -> str:
@@ -412,6 +451,15 @@ def _profiles() -> dict[str, VersionProfile]:
         unify_pads_pages=UnifyPadsPages.NEVER,
         uniform_group_pad_ratio=1.25,
         sink_manager_rejects_zeroing_arg=False,
+        mamba_prefill_checkpoints=False,
+        prefix_cache_retention=False,
+        boundary_state_offloads=False,
+        mamba_release_lags_speculative_blocks=True,
+        rswa_groups=False,
+        circular_buffer_groups=False,
+        sparse_mla_groups=False,
+        hisparse=False,
+        eagle_drop_groups=None,
     )
     v018 = replace(v017, name="0.18", checked_against=("0.18.1",),
                    uniform_group_pad_ratio=1.5)
@@ -447,7 +495,9 @@ def _profiles() -> dict[str, VersionProfile]:
                    sink_groups_buildable=True,
                    unify_pads_pages=UnifyPadsPages.ALWAYS,
                    get_computed_blocks_arity=3,
-                   sink_manager_rejects_zeroing_arg=True)
+                   sink_manager_rejects_zeroing_arg=True,
+                   mamba_release_lags_speculative_blocks=False,
+                   rswa_groups=True)
     v027 = replace(v026, name="0.27", checked_against=("0.27.1",),
                    stats_recorded_at=StatsRecordedAt.ADMISSION,
                    free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
@@ -458,25 +508,33 @@ def _profiles() -> dict[str, VersionProfile]:
                    single_spec_hybrid=True,
                    none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
                    block_sizes_rule=BlockSizesRule.LCM_GCD,
-                   kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED)
+                   kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
+                   circular_buffer_groups=True)
     v030 = replace(v029, name="0.30", checked_against=("0.30.0",),
                    sink_blocks_reserved=False,
                    mamba_skip_steps_over_nulls=True,
-                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION)
+                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
+                   sparse_mla_groups=True,
+                   prefix_cache_retention=True,
+                   boundary_state_offloads=True)
     v031 = replace(v030, name="0.31", checked_against=("0.31.0",),
                    tagged_extra_keys=True,
                    context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
                    allocate_adopts_hit_without_new_tokens=True,
                    mamba_blocks_capped=True)
     v032 = replace(v031, name="0.32", checked_against=("0.32.0",),
-                   prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN)
+                   prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
+                   mamba_prefill_checkpoints=True,
+                   hisparse=True,
+                   eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
     v033 = replace(v032, name="0.33", checked_against=("0.33.0",),
                    mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
                    mamba_none_with_caching=False,
                    null_block_refcount=False,
                    hash_lookahead_tokens=True,
                    max_cache_hit_length=True,
-                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD)
+                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
+                   eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
     ordered = (v017, v018, v019, v020, v021, v022, v023, v024, v026, v027, v028, v029,
                v030, v031, v032, v033)
     return {p.name: p for p in ordered}

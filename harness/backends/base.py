@@ -21,13 +21,17 @@ from harness.events import (
     Checkpoint,
     Event,
     EvictBlocks,
+    FinalizePartialTailOffloads,
     Free,
+    HiSparseAck,
+    HiSparseStep,
     Lookup,
     Preempt,
     RecordStats,
     ResetPrefixCache,
     Step,
     TakeBlockCopies,
+    TakeBoundaryStateOffloads,
 )
 from impl.profiles import VersionProfile
 
@@ -96,6 +100,10 @@ class Backend(ABC):
     status_running: Any = None
     status_waiting_remote: Any = None
     status_preempted: Any = None
+    status_finished: Any = None
+    # The manager's HiSparse coordinator (vLLM's or impl's: the same calls),
+    # None for a model without HiSparse groups.
+    hisparse: Any = None
 
     def __init__(self, config: CacheConfig, profile: VersionProfile) -> None:
         self.config = config
@@ -117,7 +125,12 @@ class Backend(ABC):
             Step: self._on_step,
             TakeBlockCopies: self._on_take_block_copies,
             Checkpoint: self._on_checkpoint,
+            TakeBoundaryStateOffloads: self._on_take_boundary_state_offloads,
+            FinalizePartialTailOffloads: self._on_finalize_partial_tail_offloads,
+            HiSparseStep: self._on_hisparse_step,
+            HiSparseAck: self._on_hisparse_ack,
         }
+        self._report_boundary = config.reports_shared_prefix_boundary
 
     def run(self, event: Event) -> dict[str, Any]:
         """Execute one event and return its answer."""
@@ -130,7 +143,12 @@ class Backend(ABC):
 
     def _on_lookup(self, ev: Lookup) -> dict:
         block_ids, hit_tokens = self.lookup(ev.req, ev.max_cache_hit_length)
-        return {"hit_tokens": hit_tokens, "block_ids": block_ids}
+        answer = {"hit_tokens": hit_tokens, "block_ids": block_ids}
+        if self._report_boundary:
+            boundary = self.requests[ev.req].shared_prefix_boundary
+            if boundary:
+                answer["shared_prefix_boundary"] = boundary
+        return answer
 
     def _on_allocate(self, ev: Allocate) -> dict:
         block_ids = self.allocate(ev)
@@ -188,6 +206,13 @@ class Backend(ABC):
     def _on_take_block_copies(self, ev: TakeBlockCopies) -> dict:
         return {"copies": [list(pair) for pair in self.take_block_copies()]}
 
+    def _on_take_boundary_state_offloads(self, ev: TakeBoundaryStateOffloads) -> dict:
+        offers = self.take_boundary_state_offloads()
+        return {"offloads": {req: [list(offer) for offer in offers[req]] for req in offers}}
+
+    def _on_finalize_partial_tail_offloads(self, ev: FinalizePartialTailOffloads) -> dict:
+        return {"offloads": [list(o) for o in self.finalize_partial_tail_offloads(ev.req)]}
+
     def _on_checkpoint(self, ev: Checkpoint) -> dict:
         out: dict[str, Any] = {}
         for f in ev.fields:
@@ -203,7 +228,55 @@ class Backend(ABC):
                 out[f] = self.take_stats()
             elif f == "events":
                 out[f] = self.take_events()
+            elif f == "hisparse":
+                coordinator = self._hisparse_coordinator("fields")
+                out[f] = {"host_free_queue": self.host_free_queue(),
+                          "pending_work": coordinator.has_pending_work(),
+                          "pending_reclamation": coordinator.has_pending_reclamation()}
         return out
+
+    # -- HiSparse: what its connector asks and hears (specs/KV_CACHE_MANAGER.md §14) --
+
+    def _hisparse_coordinator(self, field: str = "op"):
+        if self.hisparse is None:
+            raise BackendError("the model has no HiSparse groups", field)
+        return self.hisparse
+
+    def _on_hisparse_step(self, ev: HiSparseStep) -> dict:
+        coordinator = self._hisparse_coordinator()
+        scheduled = [(req, start, count) for req, start, count in ev.scheduled]
+        requests = [self._request(req) for req, _, _ in scheduled]
+        coordinator.advance_scheduled([
+            (req, min(start + count, request.num_tokens))
+            for (req, start, count), request in zip(scheduled, requests)])
+        command = coordinator.build_offload_command()
+        copies = coordinator.take_host_block_copies()
+        mirrors = {req: coordinator.build_row_mirrors([(req, start, count)])
+                   for req, start, count in scheduled}
+        return {
+            "transfers": None if command is None else [
+                {"transfer_id": t.transfer_id, "host_block_id": t.host_block_id,
+                 "resident_block_ids": list(t.resident_block_ids),
+                 "after_forward": t.after_forward, "restore": t.restore}
+                for t in command.page_transfers],
+            "host_copies": [[c.src_block_id, c.dst_block_id] for c in copies],
+            "mirrors": {req: [[list(m.source_starts), m.destination_start, m.num_rows]
+                              for m in found] for req, found in mirrors.items()},
+            "all_resident": coordinator.all_context_pages_resident(scheduled),
+            "residency": {req: {"pages": list(u.pages), "block_ids": [list(g) for g in u.block_ids]}
+                          for req, u in coordinator.take_residency_updates(
+                              [req for req, _, _ in scheduled]).items()},
+        }
+
+    def _on_hisparse_ack(self, ev: HiSparseAck) -> dict:
+        coordinator = self._hisparse_coordinator()
+        failed = set(ev.failed_imports)
+        for req in ev.finished_imports:
+            coordinator.finish_host_import(req, failed=req in failed)
+        coordinator.release_completed_host_copies(list(ev.copies_done))
+        coordinator.update_spills({t: n for t, n in ev.enqueued},
+                                  {t: n for t, n in ev.completed})
+        return {}
 
     # -- scheduler-owned request state, the same for every backend ---------------
 
@@ -231,11 +304,14 @@ class Backend(ABC):
                                f"({request.num_computed_tokens} computed tokens); only waiting "
                                "requests are looked up")
         if max_cache_hit_length is None:
-            blocks, hit_tokens, block_ids = self._get_computed_blocks(request)
+            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(request)
         else:
-            blocks, hit_tokens, block_ids = self._get_computed_blocks(request,
-                                                                      max_cache_hit_length)
+            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
+                request, max_cache_hit_length)
         self._pending_hit[req] = (blocks, hit_tokens)
+        # The scheduler keeps the lookup's shared-prefix boundary on the
+        # request (sparse retention keeps a checkpoint there).
+        request.shared_prefix_boundary = boundary
         return block_ids, hit_tokens
 
     def allocate(self, ev: Allocate) -> BlockIds | None:
@@ -254,7 +330,11 @@ class Backend(ABC):
         return block_ids
 
     def free(self, req: str) -> None:
-        self._free_request(self._request(req))
+        request = self._request(req)
+        # Finished, as the scheduler marks a request before freeing it
+        # (HiSparse publishes what a finished request leaves behind).
+        request.status = self.status_finished
+        self._free_request(request)
         del self.requests[req]
         self._pending_hit.pop(req, None)
 
@@ -274,9 +354,10 @@ class Backend(ABC):
 
     @abstractmethod
     def _get_computed_blocks(self, request, max_cache_hit_length: int | None = None
-                             ) -> tuple[Any, int, BlockIds]:
-        """(blocks to pass to allocate, hit tokens, hit block ids per group);
-        the hit at most `max_cache_hit_length` tokens when given."""
+                             ) -> tuple[Any, int, BlockIds, int]:
+        """(blocks to pass to allocate, hit tokens, hit block ids per group,
+        shared-prefix boundary (0 where the release has none)); the hit at
+        most `max_cache_hit_length` tokens when given."""
 
     @abstractmethod
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:
@@ -309,6 +390,14 @@ class Backend(ABC):
         referenced, as the scheduler does after each schedule pass."""
 
     @abstractmethod
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Drain the boundary states offered since the last call."""
+
+    @abstractmethod
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        """A finishing request's prompt-tail states still in its blocks."""
+
+    @abstractmethod
     def free_queue(self) -> list[int]: ...
 
     def free_queue_digest(self) -> str:
@@ -320,6 +409,11 @@ class Backend(ABC):
         event pays for it: the free-queue digest walks the queue once (from
         then on a checkpoint of it is O(1))."""
         self.free_queue_digest()
+
+    def host_free_queue(self) -> list[int]:
+        """HiSparse's host pool free queue, head first."""
+        pool = self._hisparse_coordinator("fields").get_host_block_pool()
+        return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 
     @abstractmethod
     def num_free_blocks(self) -> int: ...
@@ -353,6 +447,8 @@ class Backend(ABC):
         blocks = self.manager.block_pool.blocks
         codes = [POOL_FREE_CACHED if b.block_hash is not None else POOL_FREE for b in blocks]
         for group in self.manager.coordinator.single_type_managers:
+            if group.block_pool is not self.manager.block_pool:
+                continue  # HiSparse's source group: host blocks, another pool
             for req, held in group.req_to_blocks.items():
                 k = request_index.setdefault(req, len(request_index))
                 for b in held:

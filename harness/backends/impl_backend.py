@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from harness.backends.base import Backend, BlockIds, kv_event_json
+from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
 from harness.cache_config import CacheConfig
 from harness.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
+from impl.hisparse.coordinator import get_hisparse_coordinator
 from impl.invariants import InvariantChecker, InvariantViolation
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
@@ -15,10 +16,14 @@ from impl.request import Request, RequestStatus
 
 def build_kv_cache_config(config: CacheConfig) -> KVCacheConfig:
     groups = tuple(
-        KVCacheGroupSpec((f"layer.{i}",), spec)
-        for i, spec in enumerate(config.kv_cache_specs())
+        # A HiSparse source group's blocks live in the host pool.
+        KVCacheGroupSpec((f"layer.{i}",), config.kv_cache_spec(g), config.group_role(g),
+                         g.role == "hisparse_source", is_eagle_group=g.is_eagle_group)
+        for i, g in enumerate(config.groups)
     )
-    return KVCacheConfig(config.num_blocks, groups)
+    return KVCacheConfig(config.num_blocks, groups,
+                         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+                         hisparse_host_num_blocks=config.hisparse_host_num_blocks)
 
 
 class ImplBackend(Backend):
@@ -27,11 +32,14 @@ class ImplBackend(Backend):
     status_running = RequestStatus.RUNNING
     status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
     status_preempted = RequestStatus.PREEMPTED
+    status_finished = RequestStatus.FINISHED_STOPPED
 
     def __init__(
         self, config: CacheConfig, profile: VersionProfile, check: bool = False
     ) -> None:
         super().__init__(config, profile)
+        if config.hisparse and not profile.hisparse:
+            raise BackendError(f"vLLM {profile.name} has no HiSparse groups", "cache.groups")
         scheduler_block_size, hash_block_size = config.block_sizes(profile)
         self.manager = KVCacheManager(
             build_kv_cache_config(config),
@@ -48,6 +56,9 @@ class ImplBackend(Backend):
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=config.max_in_flight_tokens,
             num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
+            enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
+            use_eagle=config.use_eagle,
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
         self.hasher = RequestBlockHasher(
             hash_block_size,
@@ -58,6 +69,8 @@ class ImplBackend(Backend):
             profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET,
             config.num_hash_lookahead_tokens,
         )
+        if config.hisparse:
+            self.hisparse = get_hisparse_coordinator(self.manager)
         self._no_blocks = self.manager.empty_kv_cache_blocks
         self._hash_block_size = hash_block_size
         self._lookahead = config.num_hash_lookahead_tokens
@@ -98,13 +111,15 @@ class ImplBackend(Backend):
             embeds_row_bytes=4 * ev.prompt_embeds.dim if ev.prompt_embeds else 0,
             skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
             session_id=ev.session_id,
+            kv_cache_report_mode=ev.kv_cache_report_mode,
         )
         self.hasher.update(request)
         return request
 
     def _get_computed_blocks(self, request: Request, max_cache_hit_length=None):
-        blocks, hit_tokens = self.manager.get_computed_blocks(request, max_cache_hit_length)
-        return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks]
+        blocks, hit_tokens, boundary = self.manager.get_computed_blocks(request,
+                                                                        max_cache_hit_length)
+        return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         new = self.manager.allocate_slots(
@@ -157,6 +172,19 @@ class ImplBackend(Backend):
         if retained:
             self.manager.block_pool.free_blocks(retained)
         return copies
+
+    def _offloads_supported(self) -> None:
+        if not self.profile.boundary_state_offloads:
+            raise BackendError(f"vLLM {self.profile.name} hands no boundary states to "
+                               "connectors", "op")
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        self._offloads_supported()
+        return self.manager.take_boundary_state_offloads()
+
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        self._offloads_supported()
+        return self.manager.finalize_partial_tail_offloads(self._request(req))
 
     def free_queue(self) -> list[int]:
         return self.manager.block_pool.free_block_queue.block_ids()

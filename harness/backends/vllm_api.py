@@ -39,6 +39,10 @@ class VllmApi:
     has_block_copies: bool
     # Request takes session_id.
     request_takes_session_id: bool
+    # HiSparse groups with the coordinator calls the hisparse_* events make
+    # (advance_scheduled, take_residency_updates: 0.32; 0.30 and 0.31 have
+    # HiSparse with another coordinator API, which the adapter does not drive).
+    has_hisparse: bool
     # The coordinator passes needs_kv_cache_zeroing to every manager but
     # SinkFullAttentionManager.__init__ does not take it (no sink group can be
     # built); the adapter drops the argument.
@@ -53,6 +57,25 @@ class VllmApi:
     takes_hash_lookahead_tokens: bool
     # get_computed_blocks takes max_cache_hit_length.
     lookup_takes_max_cache_hit_length: bool
+    # Where the prefix-cache retention interval is read: "kv_cache_config"
+    # (KVCacheConfig.prefix_cache_retention_interval), "env"
+    # (VLLM_PREFIX_CACHE_RETENTION_INTERVAL), None (no such knob).
+    retention_interval_from: str | None
+    # MambaSpec takes num_prefill_checkpoint_blocks / prefill_checkpoint_alignment.
+    mamba_spec_takes_checkpoints: bool
+    # KVCacheManager.take_boundary_state_offloads / finalize_partial_tail_offloads.
+    has_boundary_state_offloads: bool
+    has_finalize_partial_tail_offloads: bool
+    # KVCacheManager.__init__ takes enable_mamba_shared_prefix_checkpoint.
+    manager_takes_shared_prefix_checkpoint: bool
+    # KVCacheGroupSpec takes is_eagle_group (groups holding draft layers).
+    group_takes_is_eagle_group: bool = False
+    # KVCacheManager.__init__ takes num_prefill_lookahead (multi-module MTP).
+    manager_takes_num_prefill_lookahead: bool = False
+    # Attention specs take dcp_sharded (a replicated draft under DCP).
+    spec_takes_dcp_sharded: bool = False
+    # Requests read kv_cache_report_mode from the sampling params' extra args.
+    request_reads_report_mode: bool = False
 
 
 _ADMISSION = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
@@ -67,31 +90,45 @@ _V017 = VllmApi(
     has_record_prefix_cache_stats=False,
     has_block_copies=False,
     request_takes_session_id=False,
+    has_hisparse=False,
     sink_manager_rejects_zeroing_arg=False,
     sizing_module="vllm.v1.core.kv_cache_utils",
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
     takes_hash_lookahead_tokens=False,
     lookup_takes_max_cache_hit_length=False,
+    retention_interval_from=None,
+    mamba_spec_takes_checkpoints=False,
+    has_boundary_state_offloads=False,
+    has_finalize_partial_tail_offloads=False,
+    manager_takes_shared_prefix_checkpoint=False,
 )
 _V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP)
+                block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP,
+                group_takes_is_eagle_group=True)
 _V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
 _V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
-                admission_args=_ADMISSION[:2])
+                admission_args=_ADMISSION[:2], retention_interval_from="env")
 _V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
 _V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
                 block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
                 get_computed_blocks_arity=3, has_block_copies=True,
-                sink_manager_rejects_zeroing_arg=True)
+                sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
 _V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
-_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True)
-_V029 = replace(_V028, since="0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD)
-_V033 = replace(_V029, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
+_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True,
+                manager_takes_num_prefill_lookahead=True)
+_V029 = replace(_V028, since="0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
+                retention_interval_from="kv_cache_config",
+                mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
+_V030 = replace(_V029, since="0.30.0", has_finalize_partial_tail_offloads=True)
+_V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True,
+                spec_takes_dcp_sharded=True)
+_V032 = replace(_V031, since="0.32.0", has_hisparse=True)
+_V033 = replace(_V032, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
                 takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
 
 # Oldest first; a release takes the last row whose `since` it has reached.
 SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V029,
-                               _V033)
+                               _V030, _V031, _V032, _V033)
 
 
 def api_for(version: str) -> VllmApi:

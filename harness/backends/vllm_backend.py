@@ -21,7 +21,7 @@ from harness.backends.base import (
     kv_event_json,
 )
 from harness.backends.vllm_api import VllmApi, api_for
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.cache_config import CacheConfig, GroupConfig, hisparse_page_size
 from harness.events import AddRequest, Allocate
 from harness.vllm_releases import UnknownRelease
 from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
@@ -111,7 +111,7 @@ def _env(name: str, value: str | None):
             os.environ[name] = old
 
 
-def _vllm_spec(config: CacheConfig, g: GroupConfig):
+def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
     """vLLM's spec for a group: one tiny head, float32 (the manager never
     reads the shape, and equal groups must give equal specs)."""
     import torch
@@ -119,10 +119,20 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
 
     attention = dict(block_size=g.block_size, num_kv_heads=1, head_size=1,
                      dtype=torch.float32)
+    if not g.dcp_sharded:
+        attention["dcp_sharded"] = False
     if g.kind == "full_attention":
         return kvi.FullAttentionSpec(**attention)
     if g.kind == "mla_attention":
+        if g.cache_role != "sparse":
+            attention["cache_role"] = kvi.SparseCacheRole(g.cache_role)
         return kvi.MLAAttentionSpec(**attention)
+    if g.kind == "sliding_window_mla":
+        return kvi.SlidingWindowMLASpec(**attention, sliding_window=g.sliding_window)
+    if g.kind == "rswa":
+        return kvi.RSWASpec(**attention, rswa_window=g.rswa_window)
+    if g.kind == "circular_buffer":
+        return kvi.CircularBufferSpec(**attention)
     if g.kind == "sink_full_attention":
         return kvi.SinkFullAttentionSpec(**attention, sink_len=g.sink_len)
     if g.kind == "sliding_window":
@@ -134,9 +144,37 @@ def _vllm_spec(config: CacheConfig, g: GroupConfig):
     if g.kind == "cross_attention":
         return kvi.CrossAttentionSpec(**attention)
     if g.kind == "mamba":
+        checkpoints = {}
+        if g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None:
+            if not api.mamba_spec_takes_checkpoints:
+                raise BackendError(f"vLLM {installed_vllm_version()} has no Mamba prefill "
+                                   "checkpoint blocks", "cache.groups")
+            checkpoints = dict(num_prefill_checkpoint_blocks=g.num_prefill_checkpoint_blocks,
+                               prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
         return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
-                             mamba_cache_mode=config.mamba_cache_mode(g))
+                             mamba_cache_mode=config.mamba_cache_mode(g),
+                             num_speculative_blocks=g.num_speculative_blocks, **checkpoints)
+    if g.kind == "hisparse_resident":
+        return kvi.HiSparseResidentSpec(block_size=g.block_size,
+                                        page_size=hisparse_page_size(g.block_size))
+    if g.kind == "hisparse_hot":
+        return kvi.HiSparseHotSpec(block_size=g.block_size,
+                                   page_size=hisparse_page_size(g.block_size),
+                                   blocks_per_request=g.blocks_per_request)
     raise NotImplementedError(f"attention kind '{g.kind}'")
+
+
+def _vllm_group(config: CacheConfig, i: int, g: GroupConfig, api):
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    # is_eagle_group only when set: releases before 0.20 have no such field.
+    extra = {"is_eagle_group": True} if g.is_eagle_group else {}
+    if g.role is not None:
+        from vllm.v1.kv_cache_interface import KVCacheGroupRole  # 0.30+ (has_hisparse)
+
+        # A HiSparse source group's blocks live in the host pool.
+        extra.update(role=KVCacheGroupRole(g.role), host_resident=g.role == "hisparse_source")
+    return KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g, api), **extra)
 
 
 def _accept_zeroing_arg_in_sink_manager() -> None:
@@ -156,6 +194,21 @@ def _accept_zeroing_arg_in_sink_manager() -> None:
 
     __init__._kvconform_shim = True
     SinkFullAttentionManager.__init__ = __init__
+
+
+def _check_api_has(api: VllmApi, config: CacheConfig, release: str) -> None:
+    """Refuse a knob the release's API cannot take, naming the trace field."""
+    wanted = (
+        (any(g.is_eagle_group for g in config.groups), api.group_takes_is_eagle_group,
+         "cache.groups.is_eagle_group", "KV cache groups have no is_eagle_group"),
+        (any(not g.dcp_sharded for g in config.groups), api.spec_takes_dcp_sharded,
+         "cache.groups.dcp_sharded", "attention specs have no dcp_sharded"),
+        (bool(config.num_prefill_lookahead), api.manager_takes_num_prefill_lookahead,
+         "cache.num_prefill_lookahead", "KVCacheManager takes no num_prefill_lookahead"),
+    )
+    for used, supported, field, what in wanted:
+        if used and not supported:
+            raise BackendError(f"vLLM {release}: {what}", field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +251,7 @@ class VllmBackend(Backend):
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import KVCacheConfig
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
@@ -206,6 +259,7 @@ class VllmBackend(Backend):
         self.status_running = RequestStatus.RUNNING
         self.status_waiting_remote = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.status_preempted = RequestStatus.PREEMPTED
+        self.status_finished = RequestStatus.FINISHED_STOPPED
         self._SamplingParams = SamplingParams
         self._kv_cache_utils = kv_cache_utils
         os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
@@ -217,12 +271,22 @@ class VllmBackend(Backend):
             g.kind == "sink_full_attention" for g in config.groups
         ):
             _accept_zeroing_arg_in_sink_manager()
-        groups = [
-            KVCacheGroupSpec([f"layer.{i}"], _vllm_spec(config, g))
-            for i, g in enumerate(config.groups)
-        ]
+        if config.hisparse and not api.has_hisparse:
+            raise BackendError(f"vLLM {self._release} has no HiSparse", "cache.groups")
+        _check_api_has(api, config, self._release)
+        groups = [_vllm_group(config, i, g, api) for i, g in enumerate(config.groups)]
+        retention = config.prefix_cache_retention_interval
+        extra = {}
+        if retention is not None:
+            if api.retention_interval_from is None:
+                raise BackendError(f"vLLM {self._release} has no prefix-cache retention "
+                                   "interval", "cache.prefix_cache_retention_interval")
+            if api.retention_interval_from == "kv_cache_config":
+                extra["prefix_cache_retention_interval"] = retention
+        if config.hisparse_host_num_blocks is not None:
+            extra["hisparse_host_num_blocks"] = config.hisparse_host_num_blocks
         kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+            num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra
         )
         # block_sizes reads only the rule, which the API shape carries for
         # releases without a profile too.
@@ -252,7 +316,26 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} hashes no lookahead tokens",
                                    "cache.num_hash_lookahead_tokens")
             kwargs["num_hash_lookahead_tokens"] = lookahead
-        self.manager = KVCacheManager(kv_cache_config, **kwargs)
+        if config.enable_mamba_shared_prefix_checkpoint:
+            if not api.manager_takes_shared_prefix_checkpoint:
+                raise BackendError(f"vLLM {self._release} has no Mamba shared-prefix "
+                                   "checkpoints", "cache.enable_mamba_shared_prefix_checkpoint")
+            kwargs["enable_mamba_shared_prefix_checkpoint"] = True
+        if config.use_eagle:
+            kwargs["use_eagle"] = True
+        if config.num_prefill_lookahead:
+            kwargs["num_prefill_lookahead"] = config.num_prefill_lookahead
+        # Releases reading the retention interval from the environment read it
+        # while the manager is built.
+        env_retention = (str(retention) if retention is not None
+                         and api.retention_interval_from == "env" else None)
+        with _env("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", env_retention):
+            self.manager = KVCacheManager(kv_cache_config, **kwargs)
+        if config.hisparse:
+            from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+            # Built before the first request, as vLLM's HiSparse connector does.
+            self.hisparse = get_hisparse_coordinator(self.manager)
 
         hash_fn = get_hash_fn_by_name(config.hash_algo)
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.
@@ -315,8 +398,15 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} requests have no session_id",
                                    "session_id")
             kwargs["session_id"] = ev.session_id
+        extra = {}
+        if ev.kv_cache_report_mode != "incremental":
+            if not self.api.request_reads_report_mode:
+                raise BackendError(f"vLLM {self._release} requests have no "
+                                   "kv_cache_report_mode", "kv_cache_report_mode")
+            extra["extra_args"] = {"kv_cache_report_mode": ev.kv_cache_report_mode}
         params = self._SamplingParams(
-            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache
+            max_tokens=1 << 20, skip_reading_prefix_cache=ev.skip_reading_prefix_cache,
+            **extra,
         )
         return self._Request(
             request_id=ev.req,
@@ -335,12 +425,14 @@ class VllmBackend(Backend):
                                    "max_cache_hit_length", "max_cache_hit_length")
             bound = (max_cache_hit_length,)
         if self._arity3:
-            blocks, hit_tokens, _shared_prefix_boundary = (
+            blocks, hit_tokens, shared_prefix_boundary = (
                 self.manager.get_computed_blocks(request, *bound)
             )
         else:
             blocks, hit_tokens = self.manager.get_computed_blocks(request, *bound)
-        return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()]
+            shared_prefix_boundary = 0
+        ids = [list(g) for g in blocks.get_block_ids()]
+        return blocks, hit_tokens, ids, shared_prefix_boundary
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         wanted = dict(
@@ -405,6 +497,18 @@ class VllmBackend(Backend):
             # What the scheduler does once the copies have run.
             self.manager.block_pool.free_blocks(retained)
         return [(c.src_block_id, c.dst_block_id) for c in copies]
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        if not self.api.has_boundary_state_offloads:
+            raise BackendError(f"vLLM {self._release} has no take_boundary_state_offloads",
+                               "op")
+        return self.manager.take_boundary_state_offloads()
+
+    def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
+        if not self.api.has_finalize_partial_tail_offloads:
+            raise BackendError(f"vLLM {self._release} has no finalize_partial_tail_offloads",
+                               "op")
+        return self.manager.finalize_partial_tail_offloads(self._request(req))
 
     def free_queue(self) -> list[int]:
         return [

@@ -53,6 +53,10 @@ class EngineOptions:
     # A hybrid model: sliding-window layers with this window mixed with full
     # attention layers (two KV cache groups); None: full attention only.
     sliding_window: int | None = None
+    # vLLM's prefix_cache_retention_interval for the engine; "default": the
+    # engine's own (0 in 0.32: sparse sliding-window checkpoints). The
+    # header records what the engine ran with.
+    prefix_cache_retention_interval: int | None | str = "default"
 
 
 @contextmanager
@@ -114,21 +118,15 @@ def _plugin_registered() -> bool:
                for ep in entry_points(group="vllm.general_plugins"))
 
 
-def build_llm(preset: Preset, model_dir: str, hybrid: bool = False):
+def build_llm(preset: Preset, model_dir: str, retention: int | None | str = "default"):
     from vllm import LLM
-    from vllm.config import CacheConfig, KVEventsConfig
+    from vllm.config import KVEventsConfig
 
     e = preset.engine
     from harness.capture.seeded_weights import WEIGHTS_FILE
 
     load_format = "safetensors" if (Path(model_dir) / WEIGHTS_FILE).exists() else "dummy"
-    extra = {}
-    if hybrid and "prefix_cache_retention_interval" in getattr(
-            CacheConfig, "__dataclass_fields__", {}):
-        # 0.32's default (0) caches a sliding-window group's blocks only at
-        # the prompt's replay boundaries and shared-prefix junctions; traces
-        # (and impl) carry dense retention (None): header.py refuses the rest.
-        extra["prefix_cache_retention_interval"] = None
+    extra = {} if retention == "default" else {"prefix_cache_retention_interval": retention}
     return LLM(
         model=model_dir,
         load_format=load_format,
@@ -247,7 +245,7 @@ def _capture_engine(preset: Preset, out: str, options: EngineOptions, progress: 
     with ExitStack() as stack:
         stack.enter_context(_env(**env))
         stack.enter_context(hash_seed_env(preset.engine.hash_seed))
-        llm = build_llm(preset, model_dir, hybrid=options.sliding_window is not None)
+        llm = build_llm(preset, model_dir, options.prefix_cache_retention_interval)
         try:
             if options.multiprocess:
                 num_requests = drive(llm.llm_engine, preset, progress)
@@ -335,6 +333,7 @@ def _record_in_process(llm, preset: Preset, model: TinyModel, out: str,
     writer = JsonlSink(out, header)
     recorder = Recorder(writer, header.cache.hash_block_size,
                         free_queue_checkpoints=options.free_queue_checkpoints,
-                        step_callback=tensors.on_step if tensors is not None else None)
+                        step_callback=tensors.on_step if tensors is not None else None,
+                        report_shared_prefix_boundary=header.cache.reports_shared_prefix_boundary)
     instrument(scheduler.kv_cache_manager, recorder)
     return recorder, writer, tensors

@@ -21,12 +21,28 @@ _KINDS = {
                                   "attention_chunk_size"),
     "CrossAttentionSpec": ("cross_attention", "CrossAttentionManager", None),
     "MambaSpec": ("mamba", "MambaManager", None),
+    "SlidingWindowMLASpec": ("sliding_window_mla", "SlidingWindowManager", "sliding_window"),
+    "RSWASpec": ("rswa", "RSWAManager", "rswa_window"),
+    "CircularBufferSpec": ("circular_buffer", "CircularBufferManager", None),
+    "HiSparseResidentSpec": ("hisparse_resident", "HiSparseResidentManager", None),
+    "HiSparseHotSpec": ("hisparse_hot", "HiSparseHotManager", "blocks_per_request"),
+}
+# HiSparse roles of full-attention groups -> (the trace's role, the manager).
+# The source group's blocks are host blocks (host_resident).
+_ROLES = {
+    "HISPARSE_SOURCE": ("hisparse_source", "HiSparseSourceManager"),
+    "HISPARSE_INDEXER": ("hisparse_indexer", "FullAttentionManager"),
 }
 # Spec fields a manager reads that a trace's group cannot state: the capture
 # is refused unless they hold their default.
-_MUST_BE_DEFAULT = ("extra_retained_tokens", "num_speculative_blocks",
-                    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment")
-# Kinds whose admission cap depends on the tokens in flight.
+_MUST_BE_DEFAULT = ("extra_retained_tokens", "bounded_replay")
+# MambaSpec fields a trace's Mamba group carries, with their default.
+_MAMBA_FIELDS = (("num_speculative_blocks", 0), ("num_prefill_checkpoint_blocks", 0),
+                 ("prefill_checkpoint_alignment", None))
+# Kinds whose blocks are never DCP-sharded (a trace states no dcp_sharded).
+_UNSHARDED_KINDS = ("mamba", "hisparse_resident", "hisparse_hot")
+# Kinds whose admission cap depends on the tokens in flight (and HiSparse's
+# resident pages, added below).
 _RECYCLING = ("sliding_window", "chunked_local_attention")
 # Kinds whose cached blocks follow vLLM's prefix_cache_retention_interval.
 _RETAINING = ("sliding_window", "mamba")
@@ -52,13 +68,16 @@ def group_config_of(group, manager=None) -> GroupConfig:
         raise CaptureGap(f"KV cache group of {name}: traces carry only "
                          f"{', '.join(_KINDS)} groups")
     kind, manager_name, field = _KINDS[name]
-    for attr, default in (("is_eagle_group", False), ("host_resident", False)):
-        if getattr(group, attr, default) != default:
-            raise CaptureGap(f"KV cache group with {attr}={getattr(group, attr)!r}: "
-                             "traces cannot say so")
-    role = getattr(group, "role", None)
-    if role is not None and getattr(role, "name", "DEFAULT") != "DEFAULT":
-        raise CaptureGap(f"KV cache group with role {role}: traces cannot say so")
+    role_name = getattr(getattr(group, "role", None), "name", "DEFAULT")
+    role = None
+    if role_name != "DEFAULT":
+        if role_name not in _ROLES or kind != "full_attention":
+            raise CaptureGap(f"{name} group with role {role_name}: traces cannot say so")
+        role, manager_name = _ROLES[role_name]
+    if getattr(group, "host_resident", False) != (role == "hisparse_source"):
+        raise CaptureGap(f"KV cache group with host_resident={group.host_resident!r} and "
+                         f"role {role_name}: traces state host blocks for the HiSparse "
+                         "source group only")
     for attr in _MUST_BE_DEFAULT:
         if not hasattr(spec, attr):
             continue
@@ -71,12 +90,24 @@ def group_config_of(group, manager=None) -> GroupConfig:
     kwargs = {}
     if field is not None:
         kwargs[field] = getattr(spec, field)
+    cache_role = getattr(getattr(spec, "cache_role", None), "value", "sparse")
+    if kind == "mla_attention" and cache_role != "sparse":
+        kwargs["cache_role"] = cache_role
     if kind == "mamba":
         mode = getattr(spec, "mamba_cache_mode", None)
         if mode not in ("none", "align"):
             raise CaptureGap(f"Mamba group with mamba_cache_mode={mode!r}: traces carry "
                              "'none' and 'align' only")
         kwargs["mamba_cache_mode"] = mode
+        for attr, default in _MAMBA_FIELDS:
+            kwargs[attr] = getattr(spec, attr, default)
+    if role is not None:
+        kwargs["role"] = role
+    # A drafter's group, and attention kept whole on every DCP rank.
+    if getattr(group, "is_eagle_group", False):
+        kwargs["is_eagle_group"] = True
+    if kind not in _UNSHARDED_KINDS and not getattr(spec, "dcp_sharded", True):
+        kwargs["dcp_sharded"] = False
     return GroupConfig(spec.block_size, kind, **kwargs)
 
 
@@ -92,15 +123,6 @@ def cache_config_of(scheduler) -> CacheConfig:
                          f"{len(kv_cache_config.kv_cache_groups)} KV cache groups")
     groups = tuple(group_config_of(g, managers[i] if managers else None)
                    for i, g in enumerate(kv_cache_config.kv_cache_groups))
-    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if retention is not None and any(g.kind in _RETAINING for g in groups):
-        # 0.32: sliding-window and Mamba groups then cache only the blocks that
-        # end a retention segment, the replay boundaries of the prompt and
-        # shared-prefix junctions. A trace (and impl) state dense retention
-        # (None: a tail at every scheduler-block boundary) only.
-        raise CaptureGap(f"prefix_cache_retention_interval={retention} with a "
-                         "sliding-window or Mamba group: traces carry dense retention "
-                         "only (run vLLM with prefix_cache_retention_interval=None)")
     cache = scheduler.cache_config
     extra = {}
     hash_seed = os.environ.get("PYTHONHASHSEED")
@@ -114,16 +136,35 @@ def cache_config_of(scheduler) -> CacheConfig:
         drawn = getattr(kv_cache_utils, "NONE_HASH", None)
         if drawn is not None:
             extra["none_hash"] = bytes(drawn).hex()
+    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if retention is not None and any(g.kind in _RETAINING for g in groups):
+        # Sliding-window and Mamba groups then cache only the blocks that end
+        # a retention segment, each prompt's replay boundaries and
+        # shared-prefix junctions (vLLM's engines default to 0). Other kinds
+        # ignore it: their headers stay as they were.
+        extra["prefix_cache_retention_interval"] = int(retention)
+    if getattr(cache, "enable_mamba_shared_prefix_checkpoint", False):
+        extra["enable_mamba_shared_prefix_checkpoint"] = True
+    host_blocks = getattr(kv_cache_config, "hisparse_host_num_blocks", None)
+    if host_blocks is not None:
+        extra["hisparse_host_num_blocks"] = int(host_blocks)
     dcp = int(getattr(scheduler, "dcp_world_size", 1) or 1)
     if dcp != 1:
         extra["dcp_world_size"] = dcp
-    if any(g.kind in _RECYCLING for g in groups):
+    if any(g.kind in _RECYCLING or g.kind == "hisparse_resident" for g in groups):
         # The scheduler hands the manager vllm_config.max_in_flight_tokens
         # (one max_num_batched_tokens per concurrent batch); it caps what a
         # sliding-window / chunked-local request is admitted with.
         in_flight = getattr(scheduler.vllm_config, "max_in_flight_tokens", None)
         if in_flight is not None:
             extra["max_in_flight_tokens"] = int(in_flight)
+    # Speculative decoding: what the scheduler built its manager with (it
+    # passes use_eagle only when the drafter drops blocks).
+    if getattr(getattr(scheduler, "kv_cache_manager", None), "use_eagle", False):
+        extra["use_eagle"] = True
+    lookahead = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    if lookahead:
+        extra["num_prefill_lookahead"] = lookahead
     config = CacheConfig(
         num_blocks=kv_cache_config.num_blocks,
         groups=groups,

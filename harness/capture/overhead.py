@@ -105,8 +105,9 @@ def _measure(preset: Preset, runs: int, block_size: int, scratch: str) -> Overhe
                 if record:
                     header = header_of(scheduler, "engine")
                     writer = SegmentWriter(os.path.join(scratch, f"run-{i}"), header)
-                    recorder = _TimedRecorder(writer, header.cache.hash_block_size,
-                                              strict=False)
+                    recorder = _TimedRecorder(
+                        writer, header.cache.hash_block_size, strict=False,
+                        report_shared_prefix_boundary=header.cache.reports_shared_prefix_boundary)
                     instrument(manager, recorder)
                 before = scheduler.current_step if hasattr(scheduler, "current_step") else 0
                 t0, c0 = time.perf_counter(), time.process_time()

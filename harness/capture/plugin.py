@@ -117,8 +117,10 @@ def start_capture(scheduler, folder: str | None = None):
         hash_block_size = header().cache.hash_block_size
         writer = SegmentWriter(session, header,
                                int(os.environ.get(ENV_MAX_EVENTS, "1000000")))
-        recorder = Recorder(writer, hash_block_size, strict=False,
-                            free_queue_checkpoints=os.environ.get(ENV_FREE_QUEUE) == "1")
+        recorder = Recorder(
+            writer, hash_block_size, strict=False,
+            free_queue_checkpoints=os.environ.get(ENV_FREE_QUEUE) == "1",
+            report_shared_prefix_boundary=header().cache.reports_shared_prefix_boundary)
         instrument(scheduler.kv_cache_manager, recorder)
         scheduler._kvconform_recorder = recorder
         _on_stop_signals(writer)

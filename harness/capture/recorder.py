@@ -88,6 +88,9 @@ class Recorder:
     free_queue_checkpoints: bool = False
     # Called with the step number at each step boundary (attention tensors).
     step_callback: Callable[[int], None] | None = None
+    # Lookup answers carry vLLM's shared-prefix boundary (the header's
+    # CacheConfig.reports_shared_prefix_boundary).
+    report_shared_prefix_boundary: bool = False
     active: bool = True
     num_steps: int = 0
     manager: Any = None
@@ -181,6 +184,9 @@ class Recorder:
         session_id = getattr(request, "session_id", None)
         if session_id is not None:
             ev["session_id"] = session_id
+        report = getattr(request, "kv_cache_report_mode", "incremental")
+        if report != "incremental":
+            ev["kv_cache_report_mode"] = report
         hashed = getattr(request, "_block_hasher", None) is not None
         num_prompt_hashes = len(prompt) // self.hash_block_size if hashed else 0
         # The engine hashes a request only with prefix caching (or a KV
@@ -220,11 +226,13 @@ class Recorder:
     # arguments, _AFTER hooks vLLM's result and then the arguments.
 
     def on_lookup(self, result, request) -> None:
-        blocks, hit_tokens = result[0], result[1]  # 0.32 adds a third item
+        blocks, hit_tokens = result[0], result[1]  # 0.26+ add a third item
         t = self._track(request)
         ids = [list(g) for g in blocks.get_block_ids()]
-        self.sink.write({"op": "lookup", "req": request.request_id,
-                         "answer": {"hit_tokens": hit_tokens, "block_ids": ids}})
+        answer = {"hit_tokens": hit_tokens, "block_ids": ids}
+        if self.report_shared_prefix_boundary and len(result) > 2 and result[2]:
+            answer["shared_prefix_boundary"] = result[2]
+        self.sink.write({"op": "lookup", "req": request.request_id, "answer": answer})
         t.pending_hit, t.pending_ids = hit_tokens, ids
 
     def before_allocate(self, args: dict) -> _Tracked:
@@ -335,6 +343,18 @@ class Recorder:
             self.sink.write({"op": "take_block_copies", "answer": {
                 "copies": [[c.src_block_id, c.dst_block_id] for c in copies]}})
 
+    def on_boundary_offloads(self, offers) -> None:
+        # Mamba "align" states offered to a connector, drained every schedule
+        # pass (0.29+); an empty drain changes nothing and is left out.
+        if offers:
+            self.sink.write({"op": "take_boundary_state_offloads", "answer": {"offloads": {
+                req: [list(o) for o in offered] for req, offered in offers.items()}}})
+
+    def on_finalize_tails(self, offers, request) -> None:
+        self._track(request)
+        self.sink.write({"op": "finalize_partial_tail_offloads", "req": request.request_id,
+                         "answer": {"offloads": [list(o) for o in offers]}})
+
     def on_stats(self, stats) -> None:
         out = _stats_json(stats)
         if out is not None and any(out.values()):
@@ -404,6 +424,12 @@ def instrument(manager, recorder: Recorder) -> None:
     recorder.manager = manager
     manager._kvconform_recorder = recorder
     manager.__class__ = cls
+    if getattr(manager.kv_cache_config, "hisparse_host_num_blocks", None) is not None:
+        # The header states the HiSparse groups, but the calls of its
+        # connector (hisparse_step / hisparse_ack) are not recorded: a trace
+        # without them would not replay, so it ends after the header.
+        recorder.call(recorder.fail, "HiSparse: its connector's per-step calls are not "
+                      "recorded (the trace holds the header only)")
 
 
 def uninstrument(manager) -> None:
@@ -444,6 +470,8 @@ _AFTER = {
     "reset_prefix_cache": "on_reset",
     "take_events": "on_take_events",
     "take_kv_cache_block_copies": "on_block_copies",  # 0.32+
+    "take_boundary_state_offloads": "on_boundary_offloads",  # 0.29+
+    "finalize_partial_tail_offloads": "on_finalize_tails",  # 0.30+
     "make_prefix_cache_stats": "on_stats",
 }
 

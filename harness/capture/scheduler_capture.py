@@ -182,7 +182,8 @@ def capture_preset(preset: Preset, out: str, progress: bool = True,
         header = header_of(scheduler, "scheduler", description)
     writer = JsonlSink(out, header)
     recorder = Recorder(writer, header.cache.hash_block_size,
-                        free_queue_checkpoints=free_queue_checkpoints)
+                        free_queue_checkpoints=free_queue_checkpoints,
+                        report_shared_prefix_boundary=header.cache.reports_shared_prefix_boundary)
     instrument(scheduler.kv_cache_manager, recorder)
     workload = SyntheticWorkload(preset)
     model = FakeModel(preset.requests.vocab, preset.seed)

@@ -21,6 +21,8 @@ class New:
     # Encoder tokens (encoder-decoder models): cross-attention blocks for them
     # are allocated at each admission.
     encoder_tokens: int = 0
+    # kv_cache_report_mode "full": hits are announced again as KV events.
+    full_report: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +57,33 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class FinishLoad:
-    """An asynchronous KV load finished: its blocks are cached now."""
+    """An asynchronous KV load finished: its blocks are cached now. A failed
+    load (HiSparse: the connector reports it failed) frees the request and
+    puts it back to waiting with nothing computed."""
 
     req: int
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """HiSparse's workers report on the oldest `count` transfers in flight:
+    each runs on `workers` workers; `split`: only one of them has finished it
+    so far (the others report at a later Ack). Host copies handed out are
+    reported done."""
+
+    count: int
+    workers: int = 1
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The request finished or was aborted: its blocks are freed."""
+    """The request finished or was aborted: its blocks are freed. A KV
+    producer first takes its prompt-tail states (`finalize`, Mamba "align")."""
 
     req: int
+    finalize: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,4 +114,4 @@ class Observe:
 
 
 Action = (New | Schedule | Sample | FinishLoad | Finish | Preempt | Reset | Evict
-          | StepBoundary | Observe)
+          | StepBoundary | Observe | Ack)

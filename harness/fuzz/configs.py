@@ -4,12 +4,14 @@ Every template is a configuration vLLM itself would build: cross attention
 only with prefix caching off (encoder-decoder models disable it), Mamba in
 "align" mode with caching and "none" mode without, chunked local attention
 only next to groups of its own block size, context parallelism only for the
-kinds that support it.
+kinds that support it, Mamba prefill checkpoints in "align" mode only, a
+retention interval on a multiple of the scheduler block size.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from harness.cache_config import CacheConfig, GroupConfig
 
@@ -27,7 +29,44 @@ TEMPLATES = (
     "hybrid_chunked_local",
     "hybrid_mamba",
     "hybrid_mixed",
+    "circular_buffer",
+    "rswa",
+    "sparse_mla",
+    "mamba_speculative",
+    "mamba_checkpoints",
+    "retention",
+    "hisparse",
+    "eagle",
+    "hybrid_eagle",
+    "context_parallel_draft",
+    "mamba_eagle",
 )
+# Templates drawing EAGLE / MTP drafters: only for profiles that model EAGLE
+# (profile.eagle_drop_groups; 0.17 does not).
+EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft", "mamba_eagle")
+
+
+# The profile flags (impl/profiles.py) a template's groups need: a release
+# without them refuses the template's configs.
+TEMPLATE_NEEDS = {
+    "circular_buffer": ("circular_buffer_groups",),
+    "rswa": ("rswa_groups",),
+    "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
+    "mamba_checkpoints": ("mamba_prefill_checkpoints",),
+    "retention": ("prefix_cache_retention",),
+    "hisparse": ("hisparse",),
+    # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
+    **{t: ("eagle_drop_groups",) for t in EAGLE_TEMPLATES},
+}
+
+
+def template_supported(kind: str, profile) -> bool:
+    return all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(kind, ()))
+
+
+def templates_for(profile) -> tuple[str, ...]:
+    """The templates whose groups the release of `profile` has."""
+    return tuple(t for t in TEMPLATES if template_supported(t, profile))
 
 
 def _window(rng: random.Random, bs: int) -> int:
@@ -85,7 +124,176 @@ def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
     if kind == "hybrid_mixed":
         sw = GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))
         return (full, sw, GroupConfig(bs, "mamba")), {}
+    if kind == "circular_buffer":
+        return _draw_circular_buffer(rng, bs, caching)
+    if kind == "rswa":
+        # Image + text prompts read whole, decoded tokens a window back.
+        rswa = GroupConfig(bs, "rswa", rswa_window=max(1, rng.choice((1, bs - 1, bs, 2 * bs + 1,
+                                                                      5 * bs))))
+        if rng.random() < 0.4:
+            return (rswa,), {}
+        return ((full, rswa) if rng.random() < 0.5 else (rswa, full)), {}
+    if kind == "sparse_mla":
+        # DeepSeek V4-like: the MLA cache, its indexer's keys (a group of its
+        # own role), a window over MLA latents, sometimes a K-pool tail ring.
+        mla = GroupConfig(bs, "mla_attention")
+        indexer = GroupConfig(bs, "mla_attention", cache_role="indexer")
+        sw_bs = rng.choice((bs, bs, 2 * bs))
+        window = GroupConfig(sw_bs, "sliding_window_mla", sliding_window=_window(rng, sw_bs))
+        groups = [mla, indexer, window]
+        if rng.random() < 0.3:
+            groups.append(GroupConfig(bs, "circular_buffer"))
+        return tuple(groups), {}
+    if kind == "mamba_speculative":
+        # MTP / EAGLE models: scratch blocks for the draft tokens' states,
+        # alone or next to attention, "align" with caching, "none" without.
+        mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 2, 3)))
+        if rng.random() < 0.3:
+            return (mamba,), {}
+        return (full, mamba), _fine_hash(rng, bs, caching)
+    if kind == "mamba_checkpoints":
+        # Qwen3-Next-like with a backend that exports a state inside a prefill
+        # chunk; "align" needs prefix caching.
+        mamba = GroupConfig(bs, "mamba", num_prefill_checkpoint_blocks=1,
+                            prefill_checkpoint_alignment=rng.choice((1, 1, 2, 4)),
+                            num_speculative_blocks=rng.choice((0, 0, 1, 2)))
+        return (full, mamba), {"enable_caching": True, **_fine_hash(rng, bs, True)}
+    if kind == "retention":
+        # Sparse checkpoints (vLLM's engine default is 0): sliding-window
+        # models, alone or Gemma-like, and Mamba hybrids, some with
+        # checkpoint blocks.
+        shape = rng.choice(("sliding_window", "hybrid_sliding_window", "hybrid_mamba",
+                            "mamba_checkpoints"))
+        groups, extra = draw_groups(shape, rng, bs, caching)
+        return groups, {**extra, "enable_caching": True}
+    if kind == "hisparse":
+        return _hisparse_groups(rng, bs)
+    if kind in EAGLE_TEMPLATES:
+        return draw_eagle_groups(kind, rng, bs, caching)
     raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
+
+
+def _draw_circular_buffer(rng: random.Random, bs: int, caching: bool
+                          ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A ring per request (the K-pool tail of compressed sparse attention)
+    next to full attention, at its own block size, sometimes with Mamba "align"
+    hashed finer than its blocks (GLM-5-like), sometimes alone."""
+    ring = GroupConfig(rng.choice((bs, bs, max(bs // 2, 1), 2 * bs)), "circular_buffer")
+    if rng.random() < 0.15:
+        return (ring,), {}
+    groups = [GroupConfig(bs), ring]
+    extra = {}
+    if caching and rng.random() < 0.4:
+        groups.insert(1, GroupConfig(bs, "mamba"))
+        finer = [d for d in (1, 2, 4, 8) if d < bs and bs % d == 0]
+        if finer and rng.random() < 0.6:
+            extra["prefix_match_unit"] = rng.choice(finer)
+    return tuple(groups), extra
+
+
+def _fine_hash(rng: random.Random, bs: int, caching: bool) -> dict:
+    """Sometimes a prefix_match_unit below the block (hits inside blocks)."""
+    if caching and bs > 1 and rng.random() < 0.5:
+        return {"prefix_match_unit": rng.choice([d for d in (1, 2, 4, 8) if d < bs
+                                                 and bs % d == 0])}
+    return {}
+
+
+def _hisparse_groups(rng: random.Random, bs: int) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A HiSparse model (specs/KV_CACHE_MANAGER.md §14): the host-backed
+    source group, usually an indexer, and one to three resident + hot pairs,
+    all of one block size; a host pool from a few blocks to plenty."""
+    groups = [GroupConfig(bs, role="hisparse_source")]
+    if rng.random() < 0.8:
+        groups.append(GroupConfig(bs, role="hisparse_indexer"))
+    hot = GroupConfig(bs, "hisparse_hot", blocks_per_request=rng.choice((1, 2, 3)))
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        groups += [GroupConfig(bs, "hisparse_resident"), hot]
+    extra = {"hisparse_host_num_blocks": rng.choice((3, 6, 12, 24, 48, 64, 128, 256))}
+    if rng.random() < 0.4:
+        # A small in-flight window makes requests move to host reads early.
+        extra["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs, 4 * bs))
+    return tuple(groups), extra
+
+
+def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
+                      ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """Speculative decoding with an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md
+    section 15): one group; a hybrid whose draft group is flagged (or none,
+    then every group drops); a draft kept whole on every rank beside a
+    DCP-sharded target; a Mamba hybrid (mamba_eagle). Never chunked local
+    attention (vLLM refuses its hits with EAGLE)."""
+    extra = {"use_eagle": rng.random() < 0.85}
+    if kind == "eagle":
+        group = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention"),
+                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))))
+        if rng.random() < 0.3:
+            group = GroupConfig(**{**_fields(group), "is_eagle_group": True})
+        groups: tuple[GroupConfig, ...] = (group,)
+    elif kind == "hybrid_eagle":
+        sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
+        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=_window(rng, sw_bs))
+        draft_full = GroupConfig(rng.choice((bs, 2 * bs)), is_eagle_group=True)
+        groups = rng.choice((
+            (GroupConfig(bs), GroupConfig(**{**_fields(sw), "is_eagle_group": True})),
+            (GroupConfig(bs, is_eagle_group=True), sw),
+            (GroupConfig(bs), sw, draft_full),
+            (GroupConfig(bs), sw),  # none flagged: every group drops
+            (GroupConfig(bs), draft_full),
+        ))
+    elif kind == "mamba_eagle":
+        groups, mamba_extra = _draw_mamba_eagle(rng, bs, caching)
+        extra.update(mamba_extra)
+    else:
+        draft = rng.choice((GroupConfig(bs, dcp_sharded=False),
+                            GroupConfig(bs, "mla_attention", dcp_sharded=False),
+                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs),
+                                        dcp_sharded=False)))
+        draft = GroupConfig(**{**_fields(draft), "is_eagle_group": rng.random() < 0.8})
+        target = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention")))
+        groups = (target, draft) if rng.random() < 0.85 else (draft,)
+        # A lone group is looked up with the process's PCP size, which a
+        # sliding window refuses.
+        lone_window = len(groups) == 1 and draft.kind == "sliding_window"
+        extra.update(dcp_world_size=rng.choice((2, 4)),
+                     pcp_world_size=1 if lone_window else rng.choice((1, 1, 2)))
+    if kind != "mamba_eagle" and rng.random() < 0.3:
+        # (Not beside Mamba: the driver does not model the scheduler's
+        # re-prefilled lookahead over Mamba chunks.)
+        # Multi-module MTP: with caching and a draft group, vLLM wants the
+        # scheduler block to hold the lookahead.
+        scheduler_block = CacheConfig(num_blocks=2, groups=groups,
+                                      **extra).scheduler_block_size
+        choices = [n for n in (2, 3, bs) if 2 <= n <= scheduler_block] if caching else [2, 3]
+        if choices:
+            extra["num_prefill_lookahead"] = rng.choice(choices)
+    return groups, extra
+
+
+def _draw_mamba_eagle(rng: random.Random, bs: int, caching: bool
+                      ) -> tuple[tuple[GroupConfig, ...], dict]:
+    """A Mamba hybrid served with an MTP drafter (Qwen3-Next-like): attention,
+    usually flagged as the draft group (else every group drops), beside
+    Mamba with scratch blocks for draft states; with caching ("align") often
+    hits inside blocks, sometimes a prefill checkpoint block and junction
+    checkpoints, so Mamba's EAGLE-shifted checkpoints are exercised."""
+    checkpoints = {}
+    extra: dict = {}
+    if caching:
+        extra.update(_fine_hash(rng, bs, caching))
+        if rng.random() < 0.3:
+            checkpoints = dict(num_prefill_checkpoint_blocks=1,
+                               prefill_checkpoint_alignment=rng.choice((1, 2, 4)))
+        if rng.random() < 0.5:
+            extra["enable_mamba_shared_prefix_checkpoint"] = True
+    mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 1, 2)),
+                        **checkpoints)
+    attention = GroupConfig(bs, is_eagle_group=rng.random() < 0.7)
+    return (attention, mamba), extra
+
+
+def _fields(group: GroupConfig) -> dict:
+    return {name: getattr(group, name) for name in GroupConfig.__dataclass_fields__}
 
 
 def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
@@ -99,9 +307,15 @@ def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
     fields = dict(num_blocks=num_blocks, groups=groups, hash_algo=hash_algo,
                   hash_seed=hash_seed, enable_caching=caching, max_model_len=max_model_len)
     fields.update(extra)
-    if any(g.kind in ("sliding_window", "chunked_local_attention") for g in groups) and (
+    if any(g.kind in ("sliding_window", "sliding_window_mla", "chunked_local_attention")
+           for g in groups) and (
         rng.random() < 0.3
     ):
         # A small in-flight budget makes the recycling kinds' admission cap bite.
         fields["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs + 1))
-    return CacheConfig(**fields)
+    config = CacheConfig(**fields)
+    if kind == "retention":
+        # 0 (vLLM's engine default) or a few scheduler blocks.
+        interval = rng.choice((0, 0, 1, 2, 4)) * config.scheduler_block_size
+        config = replace(config, prefix_cache_retention_interval=interval)
+    return config

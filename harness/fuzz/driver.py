@@ -16,10 +16,19 @@
   tokens at each admission;
 - with a Mamba group in "align" mode a prefill chunk ends where the scheduler
   would end it (`_mamba_block_aligned_split`): at block boundaries, the last
-  cacheable boundary and the prompt's partial-hit boundary;
-- the copy-on-write copies allocations queue (hits inside blocks) are drained
-  before each step boundary, as the scheduler drains them at the end of each
-  schedule pass.
+  cacheable boundary and the prompt's partial-hit boundary, unless the chunk
+  exports a prefill checkpoint into a reserved block; in configs that report
+  it, also at the shared-prefix junction a lookup found (floored to a block);
+- the copy-on-write copies allocations queue (hits inside blocks) and the
+  Mamba boundary states offered to a connector are drained before each step
+  boundary, as the scheduler drains them at the end of each schedule pass; a
+  finishing request may first hand over its prompt tails (a KV producer).
+- HiSparse: at each step boundary the connector's calls run for the requests
+  scheduled since the last one (hisparse_step); the workers' reports
+  (hisparse_ack) name only transfers and host copies an earlier step handed
+  out, each transfer's worker count once; a finished asynchronous load is
+  reported to the connector before its blocks are cached, a failed one frees
+  the request back to waiting.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from harness.backends.base import Backend
 from harness.cache_config import CacheConfig
 from harness.diff import Failure
 from harness.events import (
+    DEFAULT_CHECKPOINT_FIELDS,
     AddRequest,
     Allocate,
     AppendTokens,
@@ -38,16 +48,21 @@ from harness.events import (
     Checkpoint,
     Event,
     EvictBlocks,
+    FinalizePartialTailOffloads,
     Free,
+    HiSparseAck,
+    HiSparseStep,
     Lookup,
     LoRA,
     RecordStats,
     ResetPrefixCache,
     Step,
     TakeBlockCopies,
+    TakeBoundaryStateOffloads,
 )
 from harness.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
+    Ack,
     Action,
     Evict,
     Finish,
@@ -61,7 +76,10 @@ from harness.fuzz.actions import (
     StepBoundary,
 )
 from harness.lockstep import run_event
-from harness.mamba_chunks import MambaChunking
+from impl.mamba_checkpoint import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
 from impl.profiles import StatsRecordedAt, VersionProfile
 
 
@@ -116,10 +134,46 @@ class Driver:
         # The admission arguments the profile's allocate_slots takes.
         self.admission_args = profile.admission_controls.args
         self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
+        # HiSparse: requests scheduled this step (req -> [first computed token,
+        # tokens scheduled]), transfers in flight ([id, workers told or 0,
+        # completions still due]) and host copies handed out.
+        self.hisparse = config.hisparse
+        self._scheduled: dict[str, list[int]] = {}
+        self._transfers: list[list[int]] = []
+        self._host_copies: list[int] = []
         # Copies are queued only by hits inside blocks.
         self.drain_copies = config.fine_grained_hits(profile)
         # Mamba "align": the scheduler's chunk splitting (see _mamba_split).
-        self.mamba = MambaChunking.of(config, profile)
+        self.mamba_block_size = next(
+            (g.block_size for g in config.groups
+             if g.kind == "mamba" and config.mamba_cache_mode(g) == "align"), None)
+        # Boundary states offered to a connector (Mamba "align", 0.29+).
+        self.drain_offers = (self.mamba_block_size is not None
+                             and profile.boundary_state_offloads)
+        # Where the prompt's tail lies (0.32 moved it before the last token).
+        self.tail_rule = profile.prompt_tail_boundary
+        if self.mamba_block_size is not None:
+            self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
+            self.mamba_partial_hits = (
+                self.hash_block_size < self.scheduler_block_size
+                and config.fine_grained_hits(profile)
+            )
+            mambas = [g for g in config.groups if g.kind == "mamba"]
+            # The scheduler exports checkpoints only when every Mamba group
+            # has a block for them, at the first group's alignment.
+            self.checkpoint_alignment = (
+                mambas[0].prefill_checkpoint_alignment
+                if all(g.num_prefill_checkpoint_blocks for g in mambas) else None)
+            self.follow_junctions = config.reports_shared_prefix_boundary
+            # Under EAGLE the scheduler's checkpoint positions move one unit
+            # down (the unit an EAGLE hit drops), and a chunk stops exactly at
+            # a junction (not floored to a block) when the manager keeps
+            # junction states: the same narrowing as impl's KVCacheManager.
+            self.eagle_drop = config.use_eagle
+            drafts = config.use_eagle or any(g.is_eagle_group for g in config.groups)
+            self.exact_junctions = (config.enable_mamba_shared_prefix_checkpoint and drafts
+                                    and self.mamba_partial_hits
+                                    and config.num_prefill_lookahead <= 1)
 
     def call(self, event: Event) -> dict | None:
         """Run one event everywhere; None once failed."""
@@ -160,7 +214,8 @@ class Driver:
             self.reqs[a.req] = _Req(len(a.prompt), num_prompt=len(a.prompt),
                                     encoder_tokens=a.encoder_tokens)
             call(AddRequest(f"r{a.req}", list(a.prompt), cache_salt=a.cache_salt,
-                            lora=_lora(a.lora) if a.lora else None))
+                            lora=_lora(a.lora) if a.lora else None,
+                            kv_cache_report_mode="full" if a.full_report else "incremental"))
         elif isinstance(a, Schedule):
             self._schedule(a)
         elif isinstance(a, Sample):
@@ -173,15 +228,29 @@ class Driver:
             r = self.reqs.get(a.req)
             if r is None or r.status is not _Status.LOADING:
                 return
-            call(CacheBlocks(f"r{a.req}", r.num_computed))
+            req = f"r{a.req}"
+            if self.hisparse and call(HiSparseAck(
+                    finished_imports=(req,), failed_imports=(req,) if a.failed else ())) is None:
+                return
+            if a.failed and self.hisparse:
+                # Nothing loaded is valid: freed, to be scheduled again.
+                if call(PreemptEvent(req)) is not None:
+                    r.status, r.num_computed = _Status.WAITING, 0
+                return
+            call(CacheBlocks(req, r.num_computed))
             r.status = _Status.WAITING
         elif isinstance(a, Finish):
             if self.reqs.pop(a.req, None) is not None:
+                self._scheduled.pop(f"r{a.req}", None)
+                if a.finalize and self.drain_offers and call(
+                        FinalizePartialTailOffloads(f"r{a.req}")) is None:
+                    return
                 call(Free(f"r{a.req}"))
         elif isinstance(a, Preempt):
             r = self.reqs.get(a.req)
             if r is None or r.status is not _Status.RUNNING:
                 return
+            self._scheduled.pop(f"r{a.req}", None)
             if call(PreemptEvent(f"r{a.req}")) is not None:
                 r.status, r.num_computed = _Status.WAITING, 0
         elif isinstance(a, Reset):
@@ -191,18 +260,109 @@ class Driver:
             if ids:
                 call(EvictBlocks(ids))
         elif isinstance(a, StepBoundary):
+            if self.hisparse and not self._hisparse_step():
+                return
             if self.drain_copies and call(TakeBlockCopies()) is None:
+                return
+            if self.drain_offers and call(TakeBoundaryStateOffloads()) is None:
                 return
             call(Step())
         elif isinstance(a, Observe):
-            call(Checkpoint())
+            call(Checkpoint(DEFAULT_CHECKPOINT_FIELDS + ("hisparse",)) if self.hisparse
+                 else Checkpoint())
+        elif isinstance(a, Ack):
+            if self.hisparse:
+                self._hisparse_ack(a)
 
-    def _mamba_split(self, r: _Req, start: int, num_new: int) -> int:
-        """Clip a prefill chunk as vLLM's scheduler does for Mamba "align"
-        (harness/mamba_chunks.py)."""
-        if self.mamba is None:
+    # -- HiSparse's connector ---------------------------------------------------------
+
+    def _note_scheduled(self, req: str, start: int, count: int) -> None:
+        if not self.hisparse or count < 1:
+            return
+        if req in self._scheduled:
+            self._scheduled[req][1] += count  # scheduled again before the step ended
+        else:
+            self._scheduled[req] = [start, count]
+
+    def _hisparse_step(self) -> bool:
+        if not self._scheduled:
+            return True
+        scheduled = tuple((req, start, count) for req, (start, count) in self._scheduled.items())
+        self._scheduled.clear()
+        answer = self.call(HiSparseStep(scheduled))
+        if answer is None:
+            return False
+        for t in answer["transfers"] or ():
+            self._transfers.append([t["transfer_id"], 0, 0])
+        self._host_copies += [copy for _source, copy in answer["host_copies"]]
+        return True
+
+    def _hisparse_ack(self, a: Ack) -> None:
+        enqueued, completed = [], []
+        for transfer in self._transfers[:max(a.count, 0)]:
+            transfer_id, told, due = transfer
+            if not told:
+                transfer[1] = transfer[2] = due = max(a.workers, 1)
+                enqueued.append((transfer_id, due))
+            done = 1 if a.split and due > 1 else due
+            transfer[2] -= done
+            completed.append((transfer_id, done))
+        self._transfers = [t for t in self._transfers if t[2] > 0 or not t[1]]
+        copies, self._host_copies = tuple(self._host_copies), []
+        if enqueued or completed or copies:
+            self.call(HiSparseAck(copies_done=copies, enqueued=tuple(enqueued),
+                                  completed=tuple(completed)))
+
+    def _mamba_split(self, r: _Req, start: int, num_new: int, junction: int = 0) -> int:
+        """Clip a prefill chunk the way vLLM's scheduler does for Mamba "align"
+        (EAGLE's drop moving each position one unit down): Mamba states are written at
+        chunk ends, so chunks end on block boundaries, at the last cacheable
+        boundary and, with hits inside blocks, at the prompt's last hash
+        boundary; a chunk whose checkpoint a backend exports into a reserved
+        block needs neither of the latter two. `junction`: a shared-prefix
+        boundary the chunk stops at (floored to whole blocks from its start,
+        or exactly where the manager keeps junction states)."""
+        if self.mamba_block_size is None:
             return num_new
-        return self.mamba.split(start, num_new, r.num_prompt, r.num_tokens)
+        prefill_end = max(r.num_prompt, r.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        bs = self.mamba_block_size
+        hbs = self.hash_block_size
+        end = start + num_new
+        drop, rule = self.eagle_drop, self.tail_rule
+        exported = end >= prefill_end and is_mamba_prefill_checkpoint_valid(
+            start, end,
+            get_mamba_prefill_checkpoint_position(
+                prefill_end, hbs if self.mamba_partial_hits else self.scheduler_block_size,
+                drop, rule),
+            hbs, bs, self.checkpoint_alignment)
+        last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
+            r.num_tokens, bs, drop, rule)
+        if end < prefill_end:
+            end = end // bs * bs
+        tail = 0
+        if self.mamba_partial_hits and not exported:
+            tail = get_mamba_prefill_checkpoint_position(r.num_prompt, hbs, drop, rule)
+        if self.exact_junctions and junction <= r.num_prompt:
+            junction_stop = junction
+        else:
+            junction_stop = start + (junction - start) // bs * bs
+        stops = (
+            (start // bs + 1) * bs if start % bs and not exported else 0,
+            last_cache_position,
+            tail if last_cache_position < tail < r.num_prompt else 0,
+            junction_stop if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
+    def _junction(self, req: str) -> int:
+        """The shared-prefix boundary the reference's last lookup gave `req`."""
+        if self.mamba_block_size is None or not self.follow_junctions:
+            return 0
+        request = self.reference.requests.get(req)
+        return getattr(request, "shared_prefix_boundary", 0) or 0
 
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)
@@ -211,11 +371,12 @@ class Driver:
         req = f"r{a.req}"
         if r.status is _Status.RUNNING:
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
-            num_new = self._mamba_split(r, r.num_computed, num_new)
+            num_new = self._mamba_split(r, r.num_computed, num_new, self._junction(req))
             if num_new < 1:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead))
             if answer is not None and "refused" not in answer:
+                self._note_scheduled(req, r.num_computed, num_new)
                 r.num_computed += num_new
             return
         drawn = dict(full_sequence_must_fit=a.full_sequence_must_fit,
@@ -226,12 +387,13 @@ class Driver:
         if r.num_computed > 0:
             # Loaded by a connector: no lookup; schedule the rest.
             num_new = min(a.num_new_tokens, r.num_tokens - r.num_computed)
-            num_new = self._mamba_split(r, r.num_computed, num_new)
+            num_new = self._mamba_split(r, r.num_computed, num_new, self._junction(req))
             if num_new < 1:
                 return
             answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
                                         **admission))
             if answer is not None and "refused" not in answer:
+                self._note_scheduled(req, r.num_computed, num_new)
                 r.num_computed += num_new
                 r.status = _Status.RUNNING
             return
@@ -248,7 +410,8 @@ class Driver:
             num_new, delay = 0, True
         else:
             num_new, delay = min(a.num_new_tokens, remaining - external), False
-            num_new = self._mamba_split(r, hit + max(external, 0), num_new)
+            num_new = self._mamba_split(r, hit + max(external, 0), num_new,
+                                        self._junction(req))
             if num_new < 1:
                 return  # not scheduled this step; the hit is looked up again
         answer = self.call(Allocate(req, num_new, num_lookahead_tokens=a.lookahead,
@@ -256,6 +419,7 @@ class Driver:
                                     delay_cache_blocks=delay, **admission))
         if answer is None or "refused" in answer:
             return
+        self._note_scheduled(req, hit + max(external, 0), num_new)
         r.num_computed = hit + max(external, 0) + num_new
         r.status = _Status.LOADING if delay else _Status.RUNNING
         if self.record_at_admission:

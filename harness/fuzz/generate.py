@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
+    Ack,
     Action,
     Evict,
     Finish,
@@ -29,6 +31,9 @@ from harness.fuzz.actions import (
 )
 from harness.fuzz.configs import TEMPLATES, draw_cache_config
 from impl.block_hash import HASH_FUNCTIONS
+
+# Templates whose finishing requests may be KV producers (Mamba prompt tails).
+FINALIZING = ("mamba_speculative", "mamba_checkpoints", "retention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +50,16 @@ class FuzzConfig:
     max_prompt_blocks: int = 6
     p_salt: float = 0.1
     p_lora: float = 0.1
+    # Requests asking for full KV reports (hits re-announced as events); 0
+    # draws nothing, so seeded programs of configs without it stay as they were.
+    p_full_report: float = 0.0
     # Attention kinds / hybrids a case is drawn from (harness/fuzz/configs.py).
     kinds: tuple[str, ...] = ("full_attention",)
     weights: dict = field(default_factory=lambda: {
         "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
         "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
+        # HiSparse's workers reporting (a HiSparse kind config weights it).
+        "ack": 0,
     })
 
     @classmethod
@@ -107,6 +117,16 @@ def _what(like) -> str:
     return f"a {type(like).__name__}"
 
 
+KIND_CONFIGS = Path(__file__).resolve().parent / "kind_configs"
+
+
+def kind_config(kind: str) -> FuzzConfig:
+    """The fuzz config of one kind (harness/fuzz/kind_configs/KIND.yaml)."""
+    import yaml
+
+    return FuzzConfig.from_dict(yaml.safe_load((KIND_CONFIGS / f"{kind}.yaml").read_text()) or {})
+
+
 # Knobs only some releases have (profile.hash_lookahead_tokens,
 # profile.max_cache_hit_length): drawn for every case from a generator of
 # their own, so that the rest of a case's program is the same for every
@@ -130,20 +150,31 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
     hash_seed = str(rng.randrange(1000))
     caching = rng.random() < fc.p_caching
     if fc.kinds == ("full_attention",):
+        template = "full_attention"
         config = CacheConfig(num_blocks=num_blocks, groups=(GroupConfig(bs),),
                              hash_algo=hash_algo, hash_seed=hash_seed,
                              enable_caching=caching, max_model_len=1 << 14)
     else:
-        config = draw_cache_config(rng.choice(fc.kinds), rng, bs, num_blocks, hash_algo,
+        template = rng.choice(fc.kinds)
+        config = draw_cache_config(template, rng, bs, num_blocks, hash_algo,
                                    hash_seed, caching, 1 << 14)
     ahead = knobs.choice((1, 2)) if knobs.random() < P_HASH_LOOKAHEAD else 0
     if ahead and lookahead_hashing and config.groups[0].kind in _PREFIX_SCAN_KINDS and (
             len(config.groups) == 1):
         config = replace(config, num_hash_lookahead_tokens=ahead)
+    # Finishing requests hand a connector their Mamba prompt tails (the
+    # templates made for it only: others keep their programs).
+    finalizing = template in FINALIZING
     kinds = {g.kind for g in config.groups}
     # Encoder-decoder models and Mamba state take no connector (external) KV.
     no_external = bool(kinds & {"cross_attention", "mamba"})
     encoder = "cross_attention" in kinds
+    hisparse = config.hisparse
+
+    def finish_load(req: int) -> FinishLoad:
+        # HiSparse imports may fail (then nothing they wrote is readable).
+        return FinishLoad(req, failed=hisparse and rng.random() < 0.2)
+
     docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
             for _ in range(fc.documents)]
     kinds = list(fc.weights)
@@ -168,6 +199,7 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
                 cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
                 lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
                 encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if encoder else 0,
+                full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
             ))
         elif kind == "schedule":
             ext = 0 if no_external else rng.choice((0, 0, 0, bs, 2 * bs + 1))
@@ -189,16 +221,19 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
                 n = rng.choice((1, 1, 1, 2, bs))
                 actions.append(Sample(req, tuple(rng.randrange(fc.vocab) for _ in range(n))))
             elif follow < 0.6:
-                actions.append(FinishLoad(req))
+                actions.append(finish_load(req))
         elif kind == "sample":
             n = rng.choice((1, 1, 1, 2, bs, 3))
             actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
         elif kind == "finish":
-            actions.append(Finish(some_req()))
+            actions.append(Finish(some_req(), finalize=finalizing and rng.random() < 0.5))
         elif kind == "preempt":
             actions.append(Preempt(some_req()))
         elif kind == "finish_load":
-            actions.append(FinishLoad(some_req()))
+            actions.append(finish_load(some_req()))
+        elif kind == "ack":
+            actions.append(Ack(rng.choice((1, 1, 2, 4, 1 << 10)), workers=rng.choice((1, 1, 2)),
+                               split=rng.random() < 0.2))
         elif kind == "reset":
             actions.append(Reset())
         elif kind == "evict":

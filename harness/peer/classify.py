@@ -23,7 +23,7 @@ PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not_applicable"
 
 # impl's NotImplementedError messages -> the feature they mean.
 _NOT_IMPLEMENTED = (
-    (re.compile(r"speculative blocks in Mamba 'align'"), F.MAMBA_SPEC_ALIGN),
+    (re.compile(r"speculative blocks (in|with) Mamba 'align'"), F.MAMBA_SPEC_ALIGN),
     (re.compile(r"packed groups"), F.PACKED_GROUPS),
     (re.compile(r"cannot be padded"), F.FULL_ALLOCATION_FALLBACK),
 )

@@ -22,9 +22,7 @@ PROFILE = get_profile("0.32")
 
 # -- specs --------------------------------------------------------------------------
 
-# Not checked: fields that only label a spec (mamba_type, model_version) and
-# max_tp_shards, which only vLLM's tensor-parallel replica
-# count reads (kv_cache_groups_tp_replicas, an API impl lacks: refused there).
+# Not checked: fields that only label a Mamba spec (mamba_type).
 
 
 def _defaults_only(spec, fields: dict[str, str]) -> None:
@@ -47,17 +45,44 @@ def _default_only(spec, name: str, feature: str) -> None:
 
 
 _ATTENTION_UNSUPPORTED = {
-    "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
-    "kv_quant_mode": F.KV_QUANT,
-    "num_head_slots": F.HEAD_SLOTS,
-    "state_content_bytes": F.HEAD_SLOTS,
-    "tokens_per_state": F.HEAD_SLOTS,
     "non_causal": F.NON_CAUSAL,
 }
 
 
 def _dtype_size(dtype) -> int:
     return dtype.itemsize
+
+
+def _stride_alignment(spec) -> int | None:
+    """vLLM's block_stride_alignment as bytes (impl has no kernel-block form)."""
+    value = spec.block_stride_alignment
+    if value is not None and not isinstance(value, int):
+        raise ImplLacks(F.BLOCK_STRIDE_ALIGNMENT, f"{type(spec).__name__}."
+                        f"block_stride_alignment={value!r} (in kernel blocks)")
+    return value
+
+
+def _attention_geometry(spec) -> dict:
+    """The page-shaping fields every attention spec has, as impl names them."""
+    return dict(
+        block_size=spec.block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
+        dtype_size=_dtype_size(spec.dtype),
+        page_size_padded=spec.page_size_padded,
+        block_stride_alignment=_stride_alignment(spec),
+        kv_quant_mode=int(spec.kv_quant_mode),
+        max_tp_shards=spec.max_tp_shards,
+        num_head_slots=spec.num_head_slots,
+        state_content_bytes=spec.state_content_bytes,
+        tokens_per_state=spec.tokens_per_state,
+        dcp_sharded=spec.dcp_sharded,
+    )
+
+
+def _mla_labels(spec) -> dict:
+    return dict(cache_dtype_str=spec.cache_dtype_str, alignment=spec.alignment,
+                model_version=spec.model_version)
 
 
 def to_impl_spec(spec):
@@ -68,15 +93,9 @@ def to_impl_spec(spec):
         return spec
     name = type(spec).__name__
     if name in ("HiSparseHotSpec", "HiSparseResidentSpec"):
-        raise ImplLacks(F.HISPARSE, name)
-    if name in ("CircularBufferSpec", "RSWASpec"):
-        raise ImplLacks(F.CIRCULAR_BUFFER, name)
-    if name == "HiddenStateCacheSpec":
-        raise ImplLacks(F.HIDDEN_STATE_CACHE, name)
+        return _hisparse_spec(spec)
     if name == "EncoderOnlyAttentionSpec":
         raise ImplLacks(F.ENCODER_ONLY, name)
-    if name == "SlidingWindowMLASpec":
-        raise ImplLacks(F.SPARSE_MLA, name)
     if isinstance(spec, v.UniformTypeKVCacheSpecs):
         return isizing.UniformTypeKVCacheSpecs(
             spec.block_size,
@@ -84,9 +103,6 @@ def to_impl_spec(spec):
         )
     if isinstance(spec, v.MambaSpec):
         _defaults_only(spec, {
-            "num_prefill_checkpoint_blocks": F.MAMBA_CHECKPOINTS,
-            "prefill_checkpoint_alignment": F.MAMBA_CHECKPOINTS,
-            "block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
             "num_heads": F.MAMBA_TP_REPLICATED,
             "tokens_per_state": F.MAMBA_TP_REPLICATED,
             "tp_replicated": F.MAMBA_TP_REPLICATED,
@@ -99,34 +115,40 @@ def to_impl_spec(spec):
             page_size_padded=spec.page_size_padded,
             mamba_cache_mode=spec.mamba_cache_mode,
             num_speculative_blocks=spec.num_speculative_blocks,
+            block_stride_alignment=_stride_alignment(spec),
+            num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
         )
     if not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
-    with Checks() as checks:
-        checks.require(spec.dcp_sharded, F.DCP_UNSHARDED, name)
-        checks.run(_defaults_only, spec, _ATTENTION_UNSUPPORTED)
-    common = dict(
-        block_size=spec.block_size,
-        num_kv_heads=spec.num_kv_heads,
-        head_size=spec.head_size,
-        dtype_size=_dtype_size(spec.dtype),
-        page_size_padded=spec.page_size_padded,
-    )
+    _defaults_only(spec, _ATTENTION_UNSUPPORTED)
+    common = _attention_geometry(spec)
     if isinstance(spec, v.MLAAttentionSpec):
-        # cache_dtype_str: the MLA cache format; vLLM never groups layers of
-        # different formats together, impl has no such field.
-        _defaults_only(spec, {"cache_role": F.SPARSE_MLA, "is_index_group_leader": F.SPARSE_MLA,
-                              "non_causal_multi_token_decode": F.SPARSE_MLA,
-                              "cache_dtype_str": F.MLA_CACHE_DTYPE})
+        checks_mla = {"non_causal_multi_token_decode": F.EAGLE}
+        _defaults_only(spec, checks_mla)
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
-        return ispec.MLAAttentionSpec(**common, sliding_window=spec.sliding_window,
-                                      attention_chunk_size=spec.attention_chunk_size)
+        cls = ispec.HiddenStateCacheSpec if isinstance(spec, v.HiddenStateCacheSpec) else (
+            ispec.MLAAttentionSpec)
+        return cls(**common, sliding_window=spec.sliding_window,
+                   attention_chunk_size=spec.attention_chunk_size, **_mla_labels(spec),
+                   cache_role=spec.cache_role.value,
+                   is_index_group_leader=spec.is_index_group_leader)
+    if isinstance(spec, v.SlidingWindowMLASpec):
+        _defaults_only(spec, {"bounded_replay": F.REPLAY_BOUNDARIES})
+        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
+        return ispec.SlidingWindowMLASpec(**common, sliding_window=spec.sliding_window,
+                                          extra_retained_tokens=spec.extra_retained_tokens,
+                                          **_mla_labels(spec))
     # impl writes "V head as wide as K" as None; vLLM fills the number in.
     common["head_size_v"] = None if spec.head_size_v == spec.head_size else spec.head_size_v
     if isinstance(spec, v.SinkFullAttentionSpec):
         return ispec.SinkFullAttentionSpec(**common, sliding_window=spec.sliding_window,
                                            attention_chunk_size=spec.attention_chunk_size,
                                            sink_len=spec.sink_len)
+    if isinstance(spec, v.RSWASpec):
+        return ispec.RSWASpec(**common, sliding_window=spec.sliding_window,
+                              attention_chunk_size=spec.attention_chunk_size,
+                              rswa_window=spec.rswa_window)
     if isinstance(spec, v.FullAttentionSpec):
         return ispec.FullAttentionSpec(**common, sliding_window=spec.sliding_window,
                                        attention_chunk_size=spec.attention_chunk_size)
@@ -138,34 +160,69 @@ def to_impl_spec(spec):
                                                attention_chunk_size=spec.attention_chunk_size)
     if isinstance(spec, v.CrossAttentionSpec):
         return ispec.CrossAttentionSpec(**common)
+    if isinstance(spec, v.CircularBufferSpec):
+        return ispec.CircularBufferSpec(**common)
     raise ImplLacks("KV cache spec kind", name)
 
 
-def to_impl_group(group):
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole
+def _hisparse_spec(spec):
+    from impl.hisparse import specs as hspecs
 
+    _defaults_only(spec, {"block_stride_alignment": F.BLOCK_STRIDE_ALIGNMENT,
+                          "dcp_sharded": F.DCP_UNSHARDED})
+    if type(spec).__name__ == "HiSparseHotSpec":
+        return hspecs.HiSparseHotSpec(block_size=spec.block_size, page_size=spec.page_size,
+                                      blocks_per_request=spec.blocks_per_request)
+    return hspecs.HiSparseResidentSpec(block_size=spec.block_size, page_size=spec.page_size)
+
+
+def to_impl_role(role):
+    """vLLM's group role as impl's (None for an ordinary group)."""
+    if role is None or role.value == ispec.KVCacheGroupRole.DEFAULT.value:
+        return None
+    return ispec.KVCacheGroupRole(role.value)
+
+
+def to_impl_group(group):
+    # enable_kv_transfer is read by connectors only (they keep vLLM's config).
     with Checks() as checks:
-        checks.require(not group.is_eagle_group, F.EAGLE, "KVCacheGroupSpec.is_eagle_group")
-        checks.require(not group.host_resident and group.role == KVCacheGroupRole.DEFAULT,
-                       F.HISPARSE, f"KVCacheGroupSpec role={group.role}")
-        checks.require(group.enable_kv_transfer, F.KV_TRANSFER_GROUPS, "enable_kv_transfer=False")
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
-    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec)
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
+                                  group.host_resident, is_eagle_group=group.is_eagle_group)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
     """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
     plan is the sizing's output, not the manager's input)."""
     with Checks() as checks:
-        checks.require(config.prefix_cache_retention_interval is None, F.RETENTION,
-                       f"prefix_cache_retention_interval={config.prefix_cache_retention_interval}")
-        checks.require(config.hisparse_host_num_blocks is None, F.HISPARSE,
-                       "hisparse_host_num_blocks")
         checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
         checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
                        f"kv_tp_replicas={config.kv_tp_replicas}")
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
-    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
+    return ispec.KVCacheConfig(
+        num_blocks=config.num_blocks, kv_cache_groups=groups,
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        hisparse_host_num_blocks=config.hisparse_host_num_blocks,
+        needs_kv_cache_zeroing=_zeroes_new_blocks(config))
+
+
+def _zeroes_new_blocks(config) -> bool:
+    """vLLM's config says so through a property of its own code (counted as
+    a vLLM answer); the same from its fields: state-space layers, or device
+    attention caches of more than one precision."""
+    from vllm.v1 import kv_cache_interface as v
+
+    def layer_specs(spec):
+        if isinstance(spec, v.UniformTypeKVCacheSpecs):
+            return list(spec.kv_cache_specs.values())
+        return [spec]
+
+    specs = [(g, s) for g in config.kv_cache_groups for s in layer_specs(g.kv_cache_spec)]
+    if any(isinstance(s, v.MambaSpec) for _, s in specs):
+        return True
+    precisions = {(s.dtype, s.kv_quant_mode) for g, s in specs
+                  if isinstance(s, v.AttentionSpec) and not g.host_resident}
+    return len(precisions) > 1
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:
@@ -217,10 +274,6 @@ def to_impl_request(request) -> ireq.Request:
     status = _STATUS.get(vstatus.name) if vstatus is not None else ireq.RequestStatus.WAITING
     if status is None:
         raise ImplLacks("request status", vstatus.name)
-    require(getattr(request, "kv_cache_report_mode", "incremental") != "full",
-            F.REPORT_MODE_FULL)
-    require(not getattr(request, "shared_prefix_boundary", 0), F.RETENTION,
-            "Request.shared_prefix_boundary")
     if mirror is None:
         embeds, row = _embeds(request)
         mirror = ireq.Request(
@@ -239,10 +292,12 @@ def to_impl_request(request) -> ireq.Request:
     mirror.mm_features = _mm_features(request)
     mirror.skip_reading_prefix_cache = getattr(request, "skip_reading_prefix_cache", False)
     mirror.session_id = getattr(request, "session_id", None)
+    mirror.kv_cache_report_mode = getattr(request, "kv_cache_report_mode", "incremental")
     mirror.num_computed_tokens = getattr(request, "num_computed_tokens", 0)
     mirror.num_in_flight_tokens = getattr(request, "num_in_flight_tokens", 0)
     mirror.num_preemptions = getattr(request, "num_preemptions", 0)
     mirror.status = status
+    mirror.shared_prefix_boundary = getattr(request, "shared_prefix_boundary", 0)
     mirror.block_hashes = request.block_hashes
     return mirror
 

@@ -28,9 +28,18 @@ VLLM_KV_MODULES = (
     "vllm.v1.core.kv_cache_utils",
     "vllm.v1.core.kv_cache_metrics",
     "vllm.v1.kv_cache_interface",
+    "vllm.v1.hisparse.coordinator",
+    "vllm.v1.hisparse.layout",
+    "vllm.v1.hisparse.block_pool",
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]
+# Not counted: reads of what a spec or config *is* (its layers, whether it
+# takes part in prefix caching, its replay window), which vLLM's connectors and
+# Scheduler make on the test's own input. They answer nothing about the KV
+# cache; sizing answers (page sizes, memory use) stay counted.
+_DESCRIPTORS = {"prefix_cacheable", "prefix_replay_tokens", "iter_layer_specs",
+                "has_mamba_layers"}
 # Dunders worth counting: construction and the protocols tests drive.
 _DUNDERS = {"__init__", "__call__", "__iter__", "__len__", "__getitem__", "__post_init__"}
 
@@ -52,8 +61,27 @@ def vllm_calls() -> dict[str, int]:
 def _counted_vllm(fn, qualname: str):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        _vllm_calls[qualname] = _vllm_calls.get(qualname, 0) + 1
+        if not _building[0]:
+            _vllm_calls[qualname] = _vllm_calls.get(qualname, 0) + 1
         return fn(*args, **kwargs)
+
+    wrapper.__kvconform_counted__ = True
+    return wrapper
+
+
+# > 0 while a vLLM KV object is being built: what its constructor calls
+# (e.g. MLAAttentionSpec padding its page) builds the test's own input.
+_building = [0]
+
+
+def _quiet_constructor(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _building[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _building[0] -= 1
 
     wrapper.__kvconform_counted__ = True
     return wrapper
@@ -64,8 +92,11 @@ def _wrap_vllm_class(cls: type) -> None:
     # own input, and equality/hash/repr answer nothing about the KV cache.
     if issubclass(cls, tuple) or getattr(cls, "__module__", "").startswith("enum"):
         return
+    post_init = vars(cls).get("__post_init__")
+    if post_init is not None and not getattr(post_init, "__kvconform_counted__", False):
+        cls.__post_init__ = _quiet_constructor(post_init)
     for name, attr in list(vars(cls).items()):
-        if name.startswith("__"):
+        if name.startswith("__") or name in _DESCRIPTORS:
             continue
         qual = f"{cls.__name__}.{name}"
         if isinstance(attr, staticmethod):
@@ -94,7 +125,7 @@ def install_vllm() -> None:
             if inspect.isclass(attr):
                 if not issubclass(attr, enum.Enum):
                     _wrap_vllm_class(attr)
-            elif inspect.isfunction(attr):
+            elif inspect.isfunction(attr) and name not in _DESCRIPTORS:
                 short = module_name.rsplit('.', 1)[1]
                 setattr(module, name, _counted_vllm(attr, f"{short}.{name}"))
     _vllm_installed[0] = True

@@ -43,7 +43,12 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         from harness.peer import rebind
 
         rebind.rebind_test_modules()
+        rebind.rebind_vllm_callers()
         rebind.install_import_hook()
+        for item in items:
+            callspec = getattr(item, "callspec", None)
+            if callspec is not None:
+                rebind.rebind_instances(callspec.params)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -5,7 +5,12 @@ global that *is* one of the vLLM objects in `table()` is replaced by its
 adapter, and every global that is one of vLLM's KV-cache modules (imported as
 `import vllm.v1.core.kv_cache_utils as kv_cache_utils`) by a proxy module
 that serves the adapters for those names and vLLM's module for the rest.
-vLLM itself is left alone: its own modules keep calling vLLM.
+vLLM itself is left alone: its own modules keep calling vLLM, with one
+exception (`rebind_vllm_callers`): the two Mamba checkpoint helpers of the KV
+cache interface that vLLM's Scheduler and model runner import (pure token
+arithmetic: where a prefill chunk ends, which column a checkpoint is exported
+to) are impl's there too, so the tests driving those check impl's arithmetic
+instead of reading answers from vLLM's KV cache code.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ def _entries():
     import vllm.v1.core.kv_cache_manager as vkm
     import vllm.v1.core.kv_cache_utils as vku
     import vllm.v1.core.single_type_kv_cache_manager as vst
+    import vllm.v1.hisparse.coordinator as vhc
 
-    from harness.peer.adapters import hashing, manager, pool, single_type, sizing
+    from harness.peer.adapters import hashing, hisparse, manager, pool, single_type, sizing
 
     pairs = [
         (vkm.KVCacheManager, manager.KVCacheManager),
@@ -34,10 +40,12 @@ def _entries():
         (vku.FreeKVCacheBlockQueue, pool.FreeKVCacheBlockQueue),
         (vku.KVCacheBlock, pool.KVCacheBlock),
         (vst.get_manager_for_kv_cache_spec, single_type.get_manager_for_kv_cache_spec),
+        (vhc.get_hisparse_coordinator, hisparse.get_hisparse_coordinator),
     ]
     for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
                  "SlidingWindowManager", "ChunkedLocalAttentionManager", "MambaManager",
-                 "CrossAttentionManager", "CircularBufferManager", "RSWAManager"):
+                 "CrossAttentionManager", "CircularBufferManager", "RSWAManager",
+                 "HiSparseSourceManager", "HiSparseHotManager", "HiSparseResidentManager"):
         pairs.append((getattr(vst, name), getattr(single_type, name)))
     for name in hashing.ALGORITHMS:
         pairs.append((getattr(vh, name), getattr(hashing, name)))
@@ -54,7 +62,32 @@ def _entries():
 
     for name in sizing.INTERFACE_REBOUND:
         pairs.append((getattr(vki, name), getattr(sizing, name)))
+    # Mamba prefill checkpoint helpers: impl's own, same signature.
+    import impl.mamba_checkpoint as imc
+
+    for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
+        pairs.append((getattr(vki, name), getattr(imc, name)))
     return pairs
+
+
+# (vLLM module, name) whose global is impl's helper in the impl run.
+_CALLER_HELPERS = (
+    ("vllm.v1.core.sched.scheduler", "get_mamba_prefill_checkpoint_position"),
+    ("vllm.v1.core.sched.scheduler", "is_mamba_prefill_checkpoint_valid"),
+    ("vllm.model_executor.layers.mamba.checkpoint", "get_mamba_prefill_checkpoint_position"),
+    ("vllm.model_executor.layers.mamba.checkpoint", "is_mamba_prefill_checkpoint_valid"),
+)
+
+
+def rebind_vllm_callers() -> None:
+    """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
+    import importlib
+
+    import impl.mamba_checkpoint as imc
+
+    for module_name, name in _CALLER_HELPERS:
+        module = importlib.import_module(module_name)
+        setattr(module, name, getattr(imc, name))
 
 
 def table() -> dict[int, tuple[object, object]]:
@@ -84,7 +117,7 @@ class _ProxyModule(types.ModuleType):
 
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
-            "vllm.utils.hashing", "vllm.v1.kv_cache_interface")
+            "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:
@@ -106,6 +139,7 @@ def rebind_module(module: types.ModuleType) -> int:
     entries = table()
     n = 0
     for name, value in list(vars(module).items()):
+        rebind_instances(value)
         hit = entries.get(id(value))
         if hit is not None and hit[0] is value:
             setattr(module, name, hit[1])
@@ -115,6 +149,33 @@ def rebind_module(module: types.ModuleType) -> int:
             n += 1
     module.__kvconform_rebound__ = True
     return n
+
+
+def _spec_classes() -> dict[type, type]:
+    from harness.peer.adapters import sizing
+
+    return dict(sizing.spec_classes())
+
+
+def rebind_instances(obj, depth: int = 0) -> None:
+    """Specs a test module built at import (module constants, parametrize
+    values) become instances of the rebound classes, as if built after the
+    swap: same fields, impl's sizing answers."""
+    if depth > 4:
+        return
+    rebound = _spec_classes().get(type(obj))
+    if rebound is not None:
+        object.__setattr__(obj, "__class__", rebound)
+        for inner in getattr(obj, "kv_cache_specs", {}).values():
+            rebind_instances(inner, depth + 1)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            rebind_instances(value, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            rebind_instances(value, depth + 1)
+    elif type(obj).__name__ == "ParameterSet":
+        rebind_instances(obj.values, depth + 1)
 
 
 def rebind_test_modules(prefix: str = "tests.") -> None:

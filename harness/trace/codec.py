@@ -15,6 +15,8 @@ from harness.events import (
     AddRequest,
     Checkpoint,
     Event,
+    HiSparseAck,
+    HiSparseStep,
     LoRA,
     MMFeature,
     PromptEmbeds,
@@ -147,7 +149,7 @@ def event_to_dict(
         elif name == "prompt_embeds":
             value = {"dim": value.dim, "seed": value.seed}
         elif isinstance(value, tuple):
-            value = list(value)
+            value = [list(v) if isinstance(v, tuple) else v for v in value]
         out[name] = value
     if note is not None:
         out["note"] = note
@@ -177,4 +179,8 @@ def event_from_dict(d: dict) -> Event:
             kwargs["prompt_embeds"] = PromptEmbeds(**kwargs["prompt_embeds"])
     elif cls is Checkpoint and "fields" in kwargs:
         kwargs["fields"] = tuple(kwargs["fields"])
+    elif cls is HiSparseStep or cls is HiSparseAck:
+        # Lists in the file, tuples in the event (as the fuzzer builds them).
+        kwargs = {k: tuple(tuple(v) if isinstance(v, list) else v for v in value)
+                  for k, value in kwargs.items()}
     return cls(**kwargs)

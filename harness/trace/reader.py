@@ -26,7 +26,16 @@ from dataclasses import dataclass
 
 import msgspec
 
-from harness.events import AddRequest, Allocate, Event, EvictBlocks, Free
+from harness.events import (
+    AddRequest,
+    Allocate,
+    Checkpoint,
+    Event,
+    EvictBlocks,
+    Free,
+    HiSparseAck,
+    HiSparseStep,
+)
 from harness.exit_codes import ExitCode
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
@@ -94,11 +103,20 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
 
 def _profile(path: str, header: TraceHeader, any_version: bool) -> VersionProfile | None:
     try:
-        return get_profile(header.vllm_version)
+        profile = get_profile(header.vllm_version)
     except UnsupportedVersion as e:
         if any_version:
             return None
         raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+    if header.cache.hisparse and not profile.hisparse:
+        raise TraceError(path, 1, "cache.groups", f"vLLM {header.vllm_version} has no HiSparse "
+                         "groups (profile hisparse is false)")
+    for i, group in enumerate(header.cache.groups):
+        # A knob the trace's release does not have is bad input, not a divergence.
+        why = group.refused_by(profile)
+        if why is not None:
+            raise TraceError(path, 1, f"cache.groups[{i}].kind", why)
+    return profile
 
 
 _PLAIN = msgspec.json.Decoder()
@@ -153,9 +171,11 @@ def _parse_header(path: str, raw: bytes) -> TraceHeader:
                          "a trace starts with its header line")
     try:
         validate_header(obj)
+        return header_from_dict(obj)
     except SchemaViolation as e:
         raise TraceError(path, 1, e.field, e.message) from None
-    return header_from_dict(obj)
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, 1, "cache", str(e)) from None
 
 
 class _JsonlLines:
@@ -216,8 +236,11 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
     header_line = lines["header"].start_mark.line + 1
     try:
         validate_header(doc["header"])
+        header = header_from_dict(doc["header"])
     except SchemaViolation as e:
         raise TraceError(path, header_line, f"header.{e.field}", e.message) from None
+    except ValueError as e:  # a cache config the schema lets through but cannot be
+        raise TraceError(path, header_line, "header.cache", str(e)) from None
     events = doc.get("events") or []
     if not isinstance(events, list):
         raise TraceError(path, lines["events"].start_mark.line + 1, "events", "must be a list")
@@ -227,7 +250,7 @@ def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
         keys = {k.value: k.start_mark.line + 1 for k, _ in n.value} if isinstance(
             n, yaml.MappingNode) else {}
         objects.append((n.start_mark.line + 1, obj, keys.get("answer"), keys.get("expect")))
-    return header_from_dict(doc["header"]), objects
+    return header, objects
 
 
 class _Records:
@@ -242,6 +265,10 @@ class _Records:
         cache = header.cache
         self.num_blocks = cache.num_blocks
         self.max_model_len = cache.max_model_len
+        self.hisparse = cache.hisparse
+        # A HiSparse source group's ids are host block ids.
+        self.group_limits = [cache.hisparse_host_num_blocks if g.role == "hisparse_source"
+                             else cache.num_blocks for g in cache.groups]
         self.live: set[str] = set()
         self.rules = TraceRules(path, header)  # what vLLM rejects (harness/trace/rules.py)
         # Event class -> its context check.
@@ -323,6 +350,21 @@ class _Records:
                 if answer:
                     check_answer(line, answer)
             return check
+        if isinstance(event, (HiSparseStep, HiSparseAck)):
+            def check(line: int, ev, answer) -> None:
+                self._check_hisparse(line, "op")
+                for i, (name, _start, _count) in enumerate(getattr(ev, "scheduled", ())):
+                    if name not in live:
+                        self._fail(line, f"scheduled[{i}]",
+                                   f"no request '{name}' (not added, or already freed)")
+            return check
+        if isinstance(event, Checkpoint):
+            def check(line: int, ev: Checkpoint, answer) -> None:
+                if "hisparse" in ev.fields:
+                    self._check_hisparse(line, "fields")
+                if answer:
+                    check_answer(line, answer)
+            return check
         if isinstance(event, EvictBlocks):
             return lambda line, ev, answer: self._check_block_ids(line, "block_ids", ev.block_ids)
         if isinstance(event, Free):
@@ -344,6 +386,10 @@ class _Records:
                 check_answer(line, answer)
         return check
 
+    def _check_hisparse(self, line: int, field: str) -> None:
+        if not self.hisparse:
+            self._fail(line, field, "the trace's model has no HiSparse groups (cache.groups)")
+
     def _no_request(self, line: int, req: str):
         self._fail(line, "req", f"no request '{req}' (not added, or already freed)")
 
@@ -364,15 +410,20 @@ class _Records:
     def _check_answer(self, line: int, answer: dict) -> None:
         groups = answer.get("block_ids")
         if groups:
+            limits = self.group_limits
             for g, ids in enumerate(groups):
-                self._check_block_ids(line, f"answer.block_ids[{g}]", ids)
+                limit = limits[g] if g < len(limits) else self.num_blocks
+                self._check_block_ids(line, f"answer.block_ids[{g}]", ids, limit)
         free_queue = answer.get("free_queue")
         if free_queue:
             self._check_block_ids(line, "answer.free_queue", free_queue)
 
-    def _check_block_ids(self, line: int, field: str, ids: list[int]) -> None:
-        if not ids or max(ids) < self.num_blocks:
+    def _check_block_ids(self, line: int, field: str, ids: list[int],
+                         limit: int | None = None) -> None:
+        limit = self.num_blocks if limit is None else limit
+        if not ids or max(ids) < limit:
             return
         for i, b in enumerate(ids):
-            if b >= self.num_blocks:
-                self._fail(line, f"{field}[{i}]", f"block id {b} >= num_blocks {self.num_blocks}")
+            if b >= limit:
+                what = "num_blocks" if limit == self.num_blocks else "hisparse_host_num_blocks"
+                self._fail(line, f"{field}[{i}]", f"block id {b} >= {what} {limit}")

@@ -1,19 +1,30 @@
 """One single-type manager per attention kind, and which spec gets which."""
 
+from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    KVCacheGroupRole,
     KVCacheSpec,
     MambaSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.chunked_local import ChunkedLocalAttentionManager
+from impl.managers.circular_buffer import CircularBufferManager
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager
+from impl.managers.hisparse import (
+    HiSparseHotManager,
+    HiSparseResidentManager,
+    HiSparseSourceManager,
+)
 from impl.managers.mamba import MambaManager
+from impl.managers.rswa import RSWAManager
 from impl.managers.sink_full_attention import SinkFullAttentionManager
 from impl.managers.sliding_window import SlidingWindowManager
 from impl.math_utils import cdiv
@@ -22,15 +33,26 @@ from impl.math_utils import cdiv
 # spec is a FullAttentionSpec and is kept like one.
 _BY_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: SinkFullAttentionManager,
+    RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
     CrossAttentionSpec: CrossAttentionManager,
+    HiSparseResidentSpec: HiSparseResidentManager,
+    HiSparseHotSpec: HiSparseHotManager,
+}
+# A group's role, where it picks the manager before the spec does.
+_BY_ROLE: dict[KVCacheGroupRole, type[SingleTypeKVCacheManager]] = {
+    KVCacheGroupRole.HISPARSE_SOURCE: HiSparseSourceManager,
 }
 
 
-def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+def manager_class_for(spec: KVCacheSpec, role: KVCacheGroupRole | None = None
+                      ) -> type[SingleTypeKVCacheManager]:
+    if role in _BY_ROLE:
+        return _BY_ROLE[role]
     for kind in type(spec).__mro__:
         if kind in _BY_SPEC:
             return _BY_SPEC[kind]
@@ -51,4 +73,6 @@ def max_admission_blocks_per_request(
     if isinstance(spec, ChunkedLocalAttentionSpec):
         span = spec.attention_chunk_size + max_in_flight_tokens
         return cdiv(min(span, max_model_len), spec.block_size)
+    if isinstance(spec, HiSparseResidentSpec):
+        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
     return None

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from impl.block import BlockList, KVCacheBlock
 from impl.block_pool import BlockPool
-from impl.kv_cache_spec import KVCacheSpec
+from impl.kv_cache_spec import AttentionSpec, KVCacheSpec
 from impl.math_utils import cdiv
 from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.request import Request
@@ -24,6 +24,11 @@ BlockTable = BlockList
 CopyPair = tuple[KVCacheBlock, KVCacheBlock]
 # One list of hit blocks per group looked up together, and the hit's length.
 HitResult = tuple[tuple[BlockTable, ...], int]
+# A retention interval in tokens (None: dense, §9.2.1).
+Interval = int | None
+# A finishing producer's prompt-tail state: (group, block, boundary tokens).
+TailOffer = tuple[int, KVCacheBlock, int]
+BlockIds = list[int]
 
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,
@@ -53,11 +58,15 @@ class SingleTypeKVCacheManager:
     skips_tokens: ClassVar[bool] = False
     # Whether hits may end at hash boundaries inside a block.
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    # Whether the group keeps its whole hit when the groups agree on a shorter
+    # one (HiSparse's host tier, §14.2).
+    retains_longer_hit: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                  kv_cache_group_id: int, scheduler_block_size: int | None = None,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 max_admission_blocks_per_request: int | None = None) -> None:
+                 max_admission_blocks_per_request: int | None = None, *,
+                 needs_kv_cache_zeroing: bool = False) -> None:
         profile = block_pool.profile
         self.kv_cache_spec = kv_cache_spec
         self.block_pool = block_pool
@@ -84,6 +93,16 @@ class SingleTypeKVCacheManager:
         self._copy_due: dict[str, tuple[int, KVCacheBlock]] = {}
         # (source, copy) pairs whose copy the worker still has to make.
         self._copies: list[CopyPair] = []
+        # Whether this group's hits drop EAGLE's last matched block (the
+        # coordinator sets it for draft-model groups).
+        self.use_eagle = False
+        # Whether this group's hits drop their last unit for an EAGLE / MTP
+        # drafter; the coordinator sets it (specs §15).
+        self.use_eagle = False
+        # Ids of blocks handed out since the last take_new_block_ids, kept
+        # when the worker zeroes new attention blocks (specs §16.4).
+        self._records_new = needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+        self.new_block_ids: BlockIds = []
 
     # -- how many blocks ----------------------------------------------------------
 
@@ -148,8 +167,10 @@ class SingleTypeKVCacheManager:
             self.num_cached_block[request_id] = len(table)
 
     def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
-                                          num_external_computed_tokens: int) -> None:
-        """Blocks for tokens a KV connector loads into this group."""
+                                          num_external_computed_tokens: int,
+                                          record_for_zeroing: bool = True) -> None:
+        """Blocks for tokens a KV connector loads into this group (not to be
+        zeroed when the load itself writes them: `record_for_zeroing`)."""
         total = num_local_computed_tokens + num_external_computed_tokens
         gone = self.get_num_skipped_tokens(total)
         if self._profile.external_trim_on_skipped_tokens:
@@ -163,7 +184,10 @@ class SingleTypeKVCacheManager:
             return
         table = self.req_to_blocks.setdefault(request_id, [])
         missing = cdiv(total, self.block_size) - len(table)
-        table += self.block_pool.get_new_blocks(missing if missing > 0 else 0)
+        grown = self.block_pool.get_new_blocks(missing if missing > 0 else 0)
+        table += grown
+        if self._records_new and record_for_zeroing:
+            self.new_block_ids += [block.block_id for block in grown]
 
     # -- growing the table --------------------------------------------------------------
 
@@ -180,6 +204,8 @@ class SingleTypeKVCacheManager:
             return [] if copy is None else [copy]
         grown = self.block_pool.get_new_blocks(missing)
         table += grown
+        if self._records_new:
+            self.new_block_ids += [block.block_id for block in grown]
         return grown if copy is None else [copy, *grown]
 
     def _make_due_copy(self, request_id: str) -> KVCacheBlock | None:
@@ -188,6 +214,9 @@ class SingleTypeKVCacheManager:
             return None
         copy = self.block_pool.get_new_blocks(1)[0]
         self._swap_in_copy(request_id, due[0], due[1], copy)
+        # The copy's id goes to the worker whether or not the group zeroes
+        # its new blocks (vLLM lists it unconditionally).
+        self.new_block_ids.append(copy.block_id)
         return copy
 
     def _swap_in_copy(self, request_id: str, index: int, source: KVCacheBlock,
@@ -203,14 +232,27 @@ class SingleTypeKVCacheManager:
         self._copies.append((source, copy))
         copy.ref_cnt += 1
 
+    @property
+    def records_new_block_ids(self):
+        """Whether the worker zeroes this group's new blocks."""
+        return self._records_new
+
+    def take_new_block_ids(self) -> BlockIds:
+        """The ids handed out since the last call (drained)."""
+        taken, self.new_block_ids = self.new_block_ids, []
+        return taken
+
     def take_pending_cow_copies(self) -> list[CopyPair]:
         drained, self._copies = self._copies, []
         return drained
 
     # -- keying -------------------------------------------------------------------------
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Key the blocks the first `num_tokens` tokens fill."""
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval: Interval = None,
+                     replay_boundaries: Sequence[int] = ()) -> None:
+        """Key the blocks the first `num_tokens` tokens fill (those a later hit
+        can use; `retention_interval` and `replay_boundaries` thin out the
+        sparse kinds, §9.2.1)."""
         if not self._cacheable:
             return
         request_id = request.request_id
@@ -220,7 +262,8 @@ class SingleTypeKVCacheManager:
             return
         self.block_pool.cache_full_blocks(
             request, self.req_to_blocks[request_id], done, full, self.block_size,
-            self.kv_cache_group_id, self.reachable_block_mask(done, full),
+            self.kv_cache_group_id,
+            self._block_mask(request, done, full, retention_interval, replay_boundaries),
         )
         self.num_cached_block[request_id] = full
 
@@ -233,8 +276,36 @@ class SingleTypeKVCacheManager:
                 num_tokens = hashed
         return num_tokens // self.block_size
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of blocks [start, end) some later hit could use; None: all."""
+    def _block_mask(self, request: Request, start: int, end: int, retention_interval: Interval,
+                    replay_boundaries: Sequence[int]) -> list[bool] | None:
+        """This group's reachability mask for blocks [start, end) of a request:
+        its replay boundaries and, when known, where it stops sharing a
+        prefix with cached siblings."""
+        junction = request.shared_prefix_boundary
+        boundaries = [*replay_boundaries, junction] if junction else list(replay_boundaries)
+        return type(self).reachable_block_mask(
+            start, end, self.cache_hit_alignment_tokens, self.kv_cache_spec, self.use_eagle,
+            retention_interval, boundaries, self.dcp_world_size)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block: int, end_block: int, alignment_tokens: int | None,
+                             kv_cache_spec: KVCacheSpec, use_eagle: bool,
+                             retention_interval: Interval = None,
+                             reachable_boundaries: Sequence[int] = (), dcp_world_size: int = 1,
+                             final_segment_end_block: int | None = None) -> list[bool] | None:
+        """Which of blocks [start_block, end_block) some later hit can use;
+        None: all of them (every dense kind)."""
+        return None
+
+    # -- boundary states for KV connectors (Mamba "align" only, §9.4.3) -----------------
+
+    def take_pending_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
+        """(request, group, block, boundary tokens) offered since the last call."""
+        return []
+
+    def finalize_partial_tail_offload(self, request_id: str, num_computed_tokens: int,
+                                      num_in_flight_tokens: int) -> TailOffer | None:
+        """A finishing producer's prompt-tail state: (group, block, boundary)."""
         return None
 
     # -- releasing ------------------------------------------------------------------------
@@ -291,9 +362,11 @@ class SingleTypeKVCacheManager:
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         """The longest prefix of at most `max_length` tokens, a multiple of
         `alignment_tokens`, that every group of `kv_cache_group_ids` has
         cached: its blocks per group (null where the kind needs none) and
-        its length in tokens."""
+        its length in tokens. `drop_eagle_block`: the hit then ends one unit
+        early, for an EAGLE drafter (specs §15)."""
         raise NotImplementedError(f"{cls.__name__} has no prefix lookup")

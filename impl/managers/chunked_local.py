@@ -25,8 +25,12 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         size = kv_cache_spec.block_size
+        if drop_eagle_block:
+            raise AssertionError("an EAGLE drafter over chunked local attention "
+                                 "has no prefix hits to shorten")
         if dcp_world_size != 1:
             raise AssertionError("chunked local attention cannot be sharded across "
                                  "decode context-parallel ranks")

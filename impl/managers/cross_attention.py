@@ -20,10 +20,11 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
             raise AssertionError("encoder output is never a prefix hit")
 
     def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
-                                          num_external_computed_tokens: int) -> None:
-        """Connectors do not load encoder output."""
+                                          num_external_computed_tokens: int, *_) -> None:
+        """Connectors do not load encoder output (nor is it zeroed for them)."""
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval=None,
+                     replay_boundaries=()) -> None:
         raise ValueError("cross-attention blocks are private to their request; "
                          "nothing of them is ever keyed")
 

@@ -17,8 +17,14 @@ from impl.block_hash_view import (
 )
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager, effective_block_size
+from impl.managers.base import (
+    HitResult,
+    Interval,
+    SingleTypeKVCacheManager,
+    effective_block_size,
+)
 from impl.math_utils import cdiv
+from impl.profiles import PromptTailBoundary
 from impl.request import Request
 
 
@@ -35,12 +41,13 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         profile = block_pool.profile
         size = effective_block_size(kv_cache_spec, profile, dcp_world_size, pcp_world_size)
         if len(kv_cache_group_ids) == 1 and size == block_pool.hash_block_size:
             return cached_prefix_run(block_hashes, max_length, kv_cache_group_ids[0],
-                                     block_pool, size, alignment_tokens)
+                                     block_pool, size, alignment_tokens, drop_eagle_block)
         inside = profile.partial_block_hits and cls.supports_fine_grained_hash_lookup
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
                                       profile.coarse_block_hash, inside, alignment_tokens)
@@ -71,14 +78,21 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                         blocks.append(block)
                     length = (unit + 1) * alignment_tokens
                     break
+        if drop_eagle_block and length:
+            # The drafter needs the last unit recomputed: a hash block when
+            # the hit may end inside a block (the block still holds the
+            # shorter prefix), else the whole last block.
+            length -= min(alignment_tokens, size)
         length -= length % alignment_tokens
         keep = cdiv(length, size)
         for blocks in groups:
             del blocks[keep:]
         return groups, length
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        # The shared method, inlined: each decode step of each request ends here.
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval: Interval = None,
+                     replay_boundaries: Sequence[int] = ()) -> None:
+        # The shared method, inlined: each decode step of each request ends
+        # here. Every block stays reachable, whatever the retention.
         request_id = request.request_id
         done = self.num_cached_block.get(request_id, 0)
         full = (num_tokens // self.block_size if not self.block_pool.num_hash_lookahead_tokens
@@ -96,8 +110,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """Once computed, make the prompt's last hash boundary findable when it
         falls inside a block: a resend of the prompt can then hit up to it."""
         unit = self.block_pool.hash_block_size
-        # 0.32+: at most num_prompt - 1 tokens of a resend can hit.
-        boundary = self._profile.prompt_tail_boundary.position(request.num_prompt_tokens, unit)
+        # 0.32+: at most num_prompt - 1 tokens of a resend can hit; an EAGLE
+        # lookup matches the whole prompt before it drops a unit.
+        rule = (PromptTailBoundary.PROMPT_END if self.use_eagle
+                else self._profile.prompt_tail_boundary)
+        boundary = rule.position(request.num_prompt_tokens, unit)
         if self.block_pool.num_hash_lookahead_tokens:
             boundary = min(boundary, len(request.block_hashes) * unit)
         if not boundary or boundary > num_tokens or not boundary % self.block_size:
@@ -110,11 +127,14 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 def cached_prefix_run(hashes: Sequence, max_length: int, group_id: int,
-                      pool: BlockPool, size: int, alignment: int) -> HitResult:
+                      pool: BlockPool, size: int, alignment: int,
+                      drop_eagle_block: bool = False) -> HitResult:
     """The plain case of the lookup (one group hashed at its own block size),
     probing the map directly: every lookup of a non-hybrid model is this."""
     run = pool.cached_block_hash_to_block.prefix_run(
         hashes[:max_length // size], group_id.to_bytes(4, "big"))
+    if drop_eagle_block and run:
+        run.pop()
     if alignment != size:
         length = len(run) * size
         length -= length % alignment

@@ -11,15 +11,16 @@ from collections.abc import Sequence
 from impl.block_hash_view import resolve_block_hashes
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
-from impl.managers.base import HitResult, SingleTypeKVCacheManager
+from impl.managers.base import HitResult, Interval, SingleTypeKVCacheManager
 from impl.math_utils import cdiv
 from impl.profiles import SlidingWindowSparseCaching
 
 
-def blocks_before_hit_end(window: int, block_size: int) -> int:
+def blocks_before_hit_end(window: int, block_size: int, use_eagle: bool = False) -> int:
     """Cached blocks a hit needs right before its end: the token after the
-    hit reads the window - 1 tokens before it (it reads itself too)."""
-    return cdiv(window - 1, block_size)
+    hit reads the window - 1 tokens before it (it reads itself too). An EAGLE
+    hit matches one block more, then drops it."""
+    return cdiv(window - 1, block_size) + (1 if use_eagle else 0)
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -35,17 +36,21 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes: Sequence, max_length: int,
                                kv_cache_group_ids: Sequence[int], block_pool: BlockPool,
                                kv_cache_spec: KVCacheSpec, alignment_tokens: int,
-                               dcp_world_size: int = 1, pcp_world_size: int = 1) -> HitResult:
+                               dcp_world_size: int = 1, pcp_world_size: int = 1, *,
+                               drop_eagle_block: bool = False) -> HitResult:
         """Scanning leftwards from max_length, the first run of enough cached
-        blocks wins; its right end must sit on an aligned boundary."""
-        if dcp_world_size != 1:
+        blocks wins; its right end (after an EAGLE drop) must sit on an
+        aligned boundary."""
+        if dcp_world_size != 1 or pcp_world_size != 1:
             raise AssertionError("sliding-window groups cannot be sharded across "
-                                 "decode context-parallel ranks")
+                                 "context-parallel ranks")
         size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, size,
                                       block_pool.profile.coarse_block_hash)
-        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size)
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size, drop_eagle_block)
         unaligned = size != alignment_tokens
+        # Blocks a run keeps of its rightmost one: all, or none with a drop.
+        kept_end = 0 if drop_eagle_block else 1
         lookup = block_pool.get_cached_block
         # The run being collected, rightmost block first.
         run: list = []
@@ -55,7 +60,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if found is None:
                 run.clear()
                 continue
-            if not run and unaligned and (i + 1) * size % alignment_tokens:
+            if not run and unaligned and (i + kept_end) * size % alignment_tokens:
                 continue  # a run may only end on an aligned boundary
             run.append(found)
             if len(run) >= need:
@@ -70,26 +75,71 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         run.reverse()
         groups = tuple([null] * start + [found[g] for found in run]
                        for g in range(len(kv_cache_group_ids)))
-        return groups, (start + len(run)) * size
+        if drop_eagle_block and groups[0]:
+            width = len(groups[0]) - 1
+            while unaligned and width * size % alignment_tokens:
+                width -= 1
+            for blocks in groups:
+                del blocks[width:]
+        return groups, len(groups[0]) * size
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Only the blocks ending each aligned segment that a hit at the
-        segment's end needs (profile.sliding_window_sparse_caching); the ones
-        before them can never be hit."""
+    def _block_mask(self, request, start, end, retention_interval, replay_boundaries):
         sparse = self._profile.sliding_window_sparse_caching
         if sparse is SlidingWindowSparseCaching.NONE:
-            return None
+            return None  # 0.17-0.21 key every full block
         alignment = self.cache_hit_alignment_tokens
-        size = self.kv_cache_spec.block_size * self.dcp_world_size
-        if alignment % size:
-            return None
-        if sparse is SlidingWindowSparseCaching.HYBRID_ONLY and alignment <= size:
+        if sparse is SlidingWindowSparseCaching.HYBRID_ONLY and alignment is not None and (
+                alignment <= self.kv_cache_spec.block_size * self.dcp_world_size):
             return None  # 0.22 masks only hybrids hit on coarser boundaries
-        need = blocks_before_hit_end(self.sliding_window, size)
-        per_segment = alignment // size
-        if need >= per_segment:
+        return super()._block_mask(request, start, end, retention_interval, replay_boundaries)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block: int, end_block: int, alignment_tokens: int | None,
+                             kv_cache_spec: KVCacheSpec, use_eagle: bool,
+                             retention_interval: Interval = None,
+                             reachable_boundaries: Sequence[int] = (), dcp_world_size: int = 1,
+                             final_segment_end_block: int | None = None) -> list[bool] | None:
+        """A hit at a boundary needs only the window's tail before it (one
+        block more under EAGLE, whose hit runs a block past the boundary and
+        drops it), so only such tails are keyed: at the end of every segment
+        (the alignment when dense, the retention interval when sparse) and
+        before every reachable boundary when sparse. None: all blocks."""
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise AssertionError(f"a sliding-window mask for a {type(kv_cache_spec).__name__}")
+        if alignment_tokens is None:
             return None
-        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+        size = kv_cache_spec.block_size * dcp_world_size
+        if alignment_tokens % size:
+            # A boundary inside a block cannot be told apart block by block:
+            # keep everything rather than lose a reachable tail.
+            return None
+        need = blocks_before_hit_end(kv_cache_spec.sliding_window, size, use_eagle)
+        shift = 1 if use_eagle else 0
+        keep = [False] * (end_block - start_block)
+        segment = alignment_tokens if retention_interval is None else retention_interval
+        if segment:
+            per_segment = segment // size
+            if need >= per_segment:
+                return None
+            first_kept = per_segment - need
+            for i in range(max(start_block, shift), end_block):
+                if (i - shift) % per_segment >= first_kept:
+                    keep[i - start_block] = True
+            if not use_eagle and final_segment_end_block is not None:
+                # A request's last segment may stop short; its tail is reachable too.
+                partial = final_segment_end_block % per_segment
+                if partial:
+                    low = max(final_segment_end_block - partial, final_segment_end_block - need,
+                              start_block)
+                    for i in range(low, min(end_block, final_segment_end_block)):
+                        keep[i - start_block] = True
+        if retention_interval is not None:
+            for boundary in reachable_boundaries:
+                edge = boundary - boundary % alignment_tokens
+                stop = edge // size + shift
+                for i in range(max(start_block, stop - need), min(end_block, stop)):
+                    keep[i - start_block] = True
+        return keep
 
     def free(self, request_id: str) -> None:
         table = self.pop_blocks_for_free(request_id)

@@ -10,8 +10,8 @@ import pytest
 
 from harness.cases import WORKLOADS, run_workload
 from harness.fuzz.campaign import case_rng, run_case
-from harness.fuzz.configs import TEMPLATES
-from harness.fuzz.generate import FuzzConfig, draw_case
+from harness.fuzz.configs import TEMPLATES, templates_for
+from harness.fuzz.generate import draw_case, kind_config
 from harness.report import format_failure
 from impl.profiles import get_profile
 
@@ -23,7 +23,7 @@ CASES = 40
 def fuzz_cases(kind: str, profile, cases: int = CASES, seed: int = 11):
     """Run `cases` cases of `kind`; return counters of what they reached."""
     seen: collections.Counter = collections.Counter()
-    fc = FuzzConfig(kinds=(kind,))
+    fc = kind_config(kind)
     for i in range(cases):
         config, actions = draw_case(case_rng(seed, i), fc, 40)
         run = run_case(config, actions, profile)
@@ -68,7 +68,7 @@ def test_hybrid_workloads_conform(case):
 
 
 @pytest.mark.vllm017
-@pytest.mark.parametrize("kind", TEMPLATES)
+@pytest.mark.parametrize("kind", templates_for(get_profile("0.17")))
 def test_kind_conforms_0_17(kind):
     profile = get_profile("0.17")
     seen = fuzz_cases(kind, profile, cases=25)

@@ -45,6 +45,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
     assert api.takes_hash_lookahead_tokens == p.hash_lookahead_tokens
     assert api.lookup_takes_max_cache_hit_length == p.max_cache_hit_length
     assert p.covers(release)
+    assert api.has_hisparse == p.hisparse
 
 
 def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
@@ -53,6 +54,19 @@ def _functions(path: Path, cls: str) -> dict[str, ast.FunctionDef]:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
     return {}
+
+
+def _fields_of_text(text: str, cls: str) -> list[str]:
+    """The annotated fields a class of this source declares."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return [n.target.id for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return []
+
+
+def _fields(path: Path, cls: str) -> list[str]:
+    return _fields_of_text(path.read_text(), cls)
 
 
 def _params(f: ast.FunctionDef) -> list[str]:
@@ -72,7 +86,17 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
                               "SinkFullAttentionManager")["__init__"])
     coordinator_passes_zeroing = "needs_kv_cache_zeroing=" in (
         core / "kv_cache_coordinator.py").read_text()
+    interface = (root / "vllm" / "v1" / "kv_cache_interface.py").read_text()
+    attention_fields = _fields(root / "vllm" / "v1" / "kv_cache_interface.py", "AttentionSpec")
+    reads_report_mode = '"kv_cache_report_mode"' in (root / "vllm" / "v1" / "request.py"
+                                                     ).read_text()
     sizing = root / Path(*api.sizing_module.split(".")).with_suffix(".py")
+    coordinator = (core / "kv_cache_coordinator.py").read_text()
+    retention_from = ("kv_cache_config" if "prefix_cache_retention_interval" in interface
+                      else "env" if "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in coordinator
+                      else None)
+    hisparse = root / "vllm" / "v1" / "hisparse" / "coordinator.py"
+    hisparse_calls = _functions(hisparse, "HiSparseCoordinator") if hisparse.exists() else {}
     seen = {
         "manager_takes_scheduler_block_size": "scheduler_block_size" in init,
         "in_flight_tokens_arg": next((a for a in ("max_num_batched_tokens",
@@ -90,6 +114,18 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "lookup_takes_max_cache_hit_length": "max_cache_hit_length" in lookup,
         "sizing_module": api.sizing_module if sizing.exists()
         and "\ndef get_kv_cache_groups(" in sizing.read_text() else None,
+        "retention_interval_from": retention_from,
+        "mamba_spec_takes_checkpoints": "num_prefill_checkpoint_blocks" in interface,
+        "has_boundary_state_offloads": "take_boundary_state_offloads" in manager,
+        "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
+        "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
+        "has_hisparse": "advance_scheduled" in hisparse_calls
+        and "take_residency_updates" in hisparse_calls,
+        "group_takes_is_eagle_group": "is_eagle_group" in _fields_of_text(
+            interface, "KVCacheGroupSpec"),
+        "manager_takes_num_prefill_lookahead": "num_prefill_lookahead" in init,
+        "spec_takes_dcp_sharded": "dcp_sharded" in attention_fields,
+        "request_reads_report_mode": reads_report_mode,
     }
     return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
             if getattr(api, k) != v]

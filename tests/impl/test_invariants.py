@@ -20,7 +20,7 @@ def manager_with_two_requests():
     for rid in ("a", "b"):
         r = Request(rid, list(range(9)), 9)
         hasher.update(r)
-        blocks, hit = m.get_computed_blocks(r)
+        blocks, hit, _ = m.get_computed_blocks(r)
         m.allocate_slots(r, 9 - hit, hit, blocks)
         r.num_computed_tokens = 9
         reqs.append(r)
@@ -107,7 +107,7 @@ def admit(m, rid, tokens):
     hasher = RequestBlockHasher(4, get_hash_fn("sha256"), none_hash(P, "sha256", "0"), True)
     r = Request(rid, list(tokens), len(tokens))
     hasher.update(r)
-    blocks, hit = m.get_computed_blocks(r)
+    blocks, hit, _ = m.get_computed_blocks(r)
     m.allocate_slots(r, len(tokens) - hit, hit, blocks)
     r.num_computed_tokens = len(tokens)
     return r

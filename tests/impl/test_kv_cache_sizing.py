@@ -7,6 +7,7 @@ model shapes.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -27,10 +28,13 @@ from impl.kv_cache_sizing import (
 )
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
+    HiddenStateCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from impl.profiles import BlockSizesRule, KVCacheTensorPlan
@@ -251,27 +255,34 @@ def test_shared_by_plan_of_0_17():
 # -- live: vLLM's own planning functions ------------------------------------------------
 
 
+_TORCH_DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
+
+
 def _vllm_spec(spec):
+    """impl's spec as vLLM's: the same fields, only those set away from
+    impl's defaults (so that a release without a field still builds it)."""
     import torch
     from vllm.v1 import kv_cache_interface as kvi
 
-    dtype = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
+    cls = getattr(kvi, type(spec).__name__)
+    default = type(spec)(spec.block_size)
+    kw = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+          if f.init and getattr(spec, f.name) != getattr(default, f.name)}
+    kw["block_size"] = spec.block_size
     if isinstance(spec, MambaSpec):
-        return kvi.MambaSpec(block_size=spec.block_size, shapes=spec.shapes,
-                             dtypes=tuple(dtype[d] for d in spec.dtype_sizes),
-                             page_size_padded=spec.page_size_padded,
-                             mamba_cache_mode=spec.mamba_cache_mode)
-    cls = {FullAttentionSpec: kvi.FullAttentionSpec, MLAAttentionSpec: kvi.MLAAttentionSpec,
-           SlidingWindowSpec: kvi.SlidingWindowSpec, CrossAttentionSpec: kvi.CrossAttentionSpec,
-           ChunkedLocalAttentionSpec: kvi.ChunkedLocalAttentionSpec}[type(spec)]
-    extra = {}
-    if isinstance(spec, SlidingWindowSpec):
-        extra["sliding_window"] = spec.sliding_window
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        extra["attention_chunk_size"] = spec.attention_chunk_size
-    return cls(block_size=spec.block_size, num_kv_heads=spec.num_kv_heads,
-               head_size=spec.head_size, dtype=dtype[spec.dtype_size],
-               page_size_padded=spec.page_size_padded, **extra)
+        kw["dtypes"] = tuple(getattr(torch, _TORCH_DTYPES[d]) for d in kw.pop("dtype_sizes"))
+        return cls(**kw)
+    kw["dtype"] = getattr(torch, _TORCH_DTYPES[spec.dtype_size])
+    kw.pop("dtype_size", None)
+    kw.setdefault("num_kv_heads", spec.num_kv_heads)
+    kw.setdefault("head_size", spec.head_size)
+    if "kv_quant_mode" in kw:
+        kw["kv_quant_mode"] = kvi.KVQuantMode(kw["kv_quant_mode"])
+    if "cache_role" in kw:
+        kw["cache_role"] = kvi.SparseCacheRole(kw["cache_role"])
+    if isinstance(spec, (MLAAttentionSpec, SlidingWindowMLASpec)):
+        kw.pop("page_size_padded", None)  # vLLM pads to the alignment itself
+    return cls(**kw)
 
 
 def _vllm_config(layout="LBNHC", max_model_len=8192, dcp=1, caching=True,
@@ -311,9 +322,11 @@ def _as_impl_groups(vllm_groups):
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
 def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
+    # Capacity stays in kv_cache_utils in 0.33 too; planning moved (vllm_sizing).
     from vllm.v1.core import kv_cache_utils as ku
     from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
 
+    sizing = vllm_sizing()
     specs = MODELS[model]()
     config = _vllm_config(layout)
     vllm_specs = {name: _vllm_spec(s) for name, s in specs.items()}
@@ -321,12 +334,12 @@ def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
         assert page_size_bytes(s) == vllm_specs[name].page_size_bytes, name
         assert layer_view_shape_bytes(s, 1000) == (
             compute_layer_kv_cache_shape_bytes(vllm_specs[name], 1000)), name
-    vllm_groups = vllm_sizing().get_kv_cache_groups(config, dict(vllm_specs))
+    vllm_groups = sizing.get_kv_cache_groups(config, dict(vllm_specs))
     groups = get_kv_cache_groups(specs)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
              page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
     for memory in (40 * GiB, 25_938_100_224, 3 * GiB + 12345):
-        vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, memory)
+        vllm_plan = sizing.get_kv_cache_config_from_groups(config, vllm_groups, memory)
         plan = get_kv_cache_config_from_groups(groups, memory, layout=layout)
         assert plan.num_blocks == vllm_plan.num_blocks
         assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
@@ -345,31 +358,26 @@ def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
             )[0] == ku.get_kv_cache_capacity(cfg, vllm_plan)[0]
 
 
-def test_packed_groups_of_block_outermost_layouts_are_left_out():
-    with pytest.raises(NotImplementedError, match="packed"):
-        get_kv_cache_groups(jamba_like(), layout="BLHNC")
-
-
 @pytest.mark.vllm
 def test_qwen2_worked_figure_is_vllms():
-
+    sizing = vllm_sizing()
     config = _vllm_config()
     specs = {n: _vllm_spec(s) for n, s in qwen2_0_5b().items()}
-    groups = vllm_sizing().get_kv_cache_groups(config, specs)
-    plan = vllm_sizing().get_kv_cache_config_from_groups(config, groups, 25_938_100_224)
-    assert plan.num_blocks == 131_928
+    groups = sizing.get_kv_cache_groups(config, specs)
+    assert sizing.get_kv_cache_config_from_groups(config, groups,
+                                                  25_938_100_224).num_blocks == 131_928
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("layout", ["BLHNC", "BLNHC", "LHBNC", "BHLNC"])
 def test_other_layouts_agree_with_vllm(layout):
-
+    sizing = vllm_sizing()
     for specs in (qwen2_0_5b(), llama3(32, 2), deepseek_v3(), gemma3_27b()):
         config = _vllm_config(layout)
-        vllm_specs = {n: _vllm_spec(s) for n, s in specs.items()}
-        vllm_groups = vllm_sizing().get_kv_cache_groups(config, vllm_specs)
+        vllm_groups = sizing.get_kv_cache_groups(config,
+                                                 {n: _vllm_spec(s) for n, s in specs.items()})
         groups = get_kv_cache_groups(specs, layout=layout)
-        vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, 7 * GiB)
+        vllm_plan = sizing.get_kv_cache_config_from_groups(config, vllm_groups, 7 * GiB)
         plan = get_kv_cache_config_from_groups(groups, 7 * GiB, layout=layout)
         assert plan.num_blocks == vllm_plan.num_blocks
         assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
@@ -391,6 +399,7 @@ def test_other_layouts_agree_with_vllm(layout):
     ([full(16), ChunkedLocalAttentionSpec(16, attention_chunk_size=64), full(48)], {}),
 ])
 def test_block_sizes_agree_with_vllm(case):
+    # Block sizes stay in kv_cache_utils in 0.33 too.
     from vllm.v1.core import kv_cache_utils as ku
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
@@ -409,7 +418,6 @@ def test_block_sizes_agree_with_vllm(case):
 @pytest.mark.parametrize("model", ["qwen2-0.5b", "llama-3-70b-tp4", "gemma-3-27b", "jamba-like",
                                    "jamba-like-aligned", "deepseek-v3", "mixed-heads"])
 def test_shared_by_plan_agrees_with_vllm_0_17(model):
-
     specs = MODELS[model]()
     config = _vllm_config()
     vllm_specs = {n: _vllm_spec(s) for n, s in specs.items()}
@@ -430,3 +438,172 @@ def test_shared_by_plan_agrees_with_vllm_0_17(model):
     assert plan.num_blocks == vllm_plan.num_blocks
     assert [(t.size, t.layers) for t in plan.kv_cache_tensors] == [
         (t.size, t.shared_by) for t in vllm_plan.kv_cache_tensors]
+
+
+# -- sparse MLA, packed groups, hidden states, fallbacks: hand-derived -------------------
+
+
+def deepseek_v4_like(layers: int = 4, with_tail: bool = True):
+    """Per layer: the MLA latent cache (fp8 packed rows of 656 bytes, blocks
+    stride-aligned to whole rows), its indexer's keys, a window over MLA
+    latents, and a K-pool tail ring."""
+    specs = {}
+    for i in range(layers):
+        specs[f"l.{i}.attn"] = MLAAttentionSpec(
+            64, num_kv_heads=1, head_size=576, dtype_size=1, state_content_bytes=656,
+            block_stride_alignment=656, cache_dtype_str="fp8_ds_mla",
+            is_index_group_leader=True)
+        specs[f"l.{i}.indexer"] = MLAAttentionSpec(
+            64, num_kv_heads=1, head_size=132, dtype_size=1, cache_role="indexer")
+        specs[f"l.{i}.swa"] = SlidingWindowMLASpec(
+            64, num_kv_heads=1, head_size=576, dtype_size=1, sliding_window=128,
+            state_content_bytes=656, cache_dtype_str="fp8_ds_mla")
+        if with_tail:
+            specs[f"l.{i}.tail"] = CircularBufferSpec(
+                4, num_kv_heads=2, head_size=128, head_size_v=0, dtype_size=2)
+    return specs
+
+
+def glm5_like():
+    """vLLM's own GLM-5-like hybrid: 11 x (MLA, a 4-token-per-state indexer, a
+    K-pool tail) and 34 Mamba (KDA) layers, blocks of 1024."""
+    specs = {}
+    for i in range(11):
+        specs[f"layers.{i}.attn"] = MLAAttentionSpec(
+            1024, num_kv_heads=1, head_size=576, dtype_size=2,
+            block_stride_alignment=32 * 576 * 2)
+        specs[f"layers.{i}.indexer"] = MLAAttentionSpec(
+            1024, num_kv_heads=1, head_size=132, dtype_size=1, tokens_per_state=4,
+            block_stride_alignment=64 * 132)
+        specs[f"layers.{i}.tail"] = CircularBufferSpec(4, num_kv_heads=2, head_size=128,
+                                                       head_size_v=0, dtype_size=2)
+    for i in range(34):
+        specs[f"layers.{i}.kda"] = MambaSpec(1024, shapes=((3, 6144), (16, 128, 128)),
+                                             dtype_sizes=(2, 4))
+    return specs
+
+
+def with_hidden_states():
+    """Full attention and Mamba of one page, and a hidden-state cache layer."""
+    return {
+        "model.full_attn": full(544, 1, 512),
+        "model.mamba": MambaSpec(544, shapes=((557056,),), dtype_sizes=(2,),
+                                 mamba_cache_mode="align"),
+        "cache_only_layers.0": HiddenStateCacheSpec(544, num_kv_heads=3, head_size=1024,
+                                                    dtype_size=2),
+    }
+
+
+def mla_with_a_window_draft():
+    """MLA pages (sparse: never padded) next to a sliding-window draft whose
+    page neither divides nor can be padded into them."""
+    return {
+        "target.0.attn": MLAAttentionSpec(64, num_kv_heads=1, head_size=576),
+        "target.0.indexer": MLAAttentionSpec(64, num_kv_heads=1, head_size=132, dtype_size=1),
+        "draft.0": SlidingWindowSpec(16, num_kv_heads=2, head_size=64, sliding_window=1),
+    }
+
+
+NEW_MODELS = {
+    "deepseek-v4-like": deepseek_v4_like,
+    "deepseek-v4-like-no-tail": lambda: deepseek_v4_like(3, with_tail=False),
+    "glm5-like": glm5_like,
+    "hidden-states": with_hidden_states,
+    "mla-with-window-draft": mla_with_a_window_draft,
+    "rswa-hybrid": lambda: {**{f"g.{i}": full(16, 2, 64) for i in range(2)},
+                            **{f"r.{i}": RSWASpec(16, num_kv_heads=2, head_size=64,
+                                                  dtype_size=BF16, rswa_window=256)
+                               for i in range(4)}},
+    "kv-quant": lambda: {f"l.{i}": full(16, 8, 128, 1, kv_quant_mode=3,
+                                        state_content_bytes=2 * 128 + 8) for i in range(4)},
+}
+
+
+def test_page_geometry_of_packed_and_compressed_caches():
+    v4 = deepseek_v4_like(1)
+    # MLA: 1 head x 64 states x 656 packed bytes; the indexer 64 x 132; the
+    # ring 2 heads x 4 tokens x 128 (no V) x 2 bytes.
+    assert page_size_bytes(v4["l.0.attn"]) == 64 * 656
+    assert page_size_bytes(v4["l.0.indexer"]) == 64 * 132
+    assert page_size_bytes(v4["l.0.tail"]) == 2 * 4 * 128 * 2
+    # 4 tokens a state: a 1024-token block holds 256 indexer states.
+    assert page_size_bytes(glm5_like()["layers.0.indexer"]) == 256 * 132
+    # An MLA alignment pads the page up to its next multiple.
+    assert page_size_bytes(MLAAttentionSpec(16, head_size=576, alignment=1000)) == 37_000
+
+
+def test_block_outermost_layouts_pack_mixed_pages():
+    """GLM-5-like, blocks outermost: the 11 MLA and 11 indexer layers are one
+    balanced pattern (one of each page a repeat) kept whole: one group of 22;
+    the 11 rings one group; the 34 Mamba states split so a group's states fit
+    in the block the attention group needs: 11 x (1.18 MB + 34 KB) hold 12
+    of the 2.36 MB KDA states, so 3 groups."""
+    groups = get_kv_cache_groups(glm5_like(), layout="BLHNC")
+    sizes = sorted(len(g.layer_names) for g in groups)
+    assert sizes == [11, 11, 11, 12, 22]
+    assert all(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in groups)
+    plan = get_kv_cache_config_from_groups(groups, 2 * GiB, layout="BLHNC")
+    (stride,) = {t.block_stride for t in plan.kv_cache_tensors}
+    # Blocks start a whole number of 32-row MLA pages and 64-state indexer pages apart.
+    assert stride % (32 * 576 * 2) == 0 and stride % (64 * 132) == 0
+    # The same model cannot be packed with layers outermost.
+    with pytest.raises(ValueError, match="cannot hold pages"):
+        get_kv_cache_config_from_groups(groups, 2 * GiB, layout="LBNHC")
+
+
+def test_hidden_state_layers_get_a_table_of_their_own():
+    """The common page is 544 x 1024 x 2 x 2 = 1,114,112 bytes; a token's
+    hidden states take 3 x 1024 x 2 = 6,144, so 181 tokens fit a page, and the
+    block is the largest divisor of 544 up to that: 136."""
+    groups = get_kv_cache_groups(with_hidden_states())
+    hidden = groups[-1]
+    assert hidden.layer_names == ("cache_only_layers.0",)
+    assert hidden.kv_cache_spec.block_size == 136
+    assert page_size_bytes(hidden.kv_cache_spec) == 1_114_112
+    assert resolve_kv_cache_block_sizes([g.kv_cache_spec for g in groups], True) == (544, 136)
+
+
+def test_mla_and_an_unpaddable_window_fall_back_to_one_full_allocation_group():
+    (group,) = get_kv_cache_groups(mla_with_a_window_draft())
+    spec = group.kv_cache_spec
+    assert isinstance(spec, UniformTypeKVCacheSpecs) and spec.block_size == 64
+    draft = spec.kv_cache_specs["draft.0"]
+    # Allocated as full attention at the MLA block size; its window kept.
+    assert type(draft) is FullAttentionSpec and draft.block_size == 64
+    assert draft.sliding_window == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("model", sorted(NEW_MODELS))
+@pytest.mark.parametrize("layout", ["LBNHC", "BLHNC", "BLNHC", "BHLNC"])
+def test_sparse_packed_and_fallback_models_agree_with_vllm(model, layout):
+    """Groups (their layers, kind, block size, page) and the tensor plan of
+    each model and layout as vLLM plans them, errors included."""
+    sizing = vllm_sizing()
+    specs = NEW_MODELS[model]()
+    vllm_specs = {n: _vllm_spec(s) for n, s in specs.items()}
+    for name, spec in specs.items():
+        assert page_size_bytes(spec) == vllm_specs[name].page_size_bytes, name
+    config = _vllm_config(layout)
+    try:
+        vllm_groups = sizing.get_kv_cache_groups(config, dict(vllm_specs))
+    except (ValueError, NotImplementedError) as e:
+        with pytest.raises(type(e)):
+            get_kv_cache_groups(specs, layout=layout)
+        return
+    groups = get_kv_cache_groups(specs, layout=layout)
+    assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
+             page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
+    for memory in (3 * GiB + 12345, 64 * GiB):
+        try:
+            vllm_plan = sizing.get_kv_cache_config_from_groups(config, vllm_groups, memory)
+        except (ValueError, AssertionError) as e:
+            with pytest.raises(type(e)):
+                get_kv_cache_config_from_groups(groups, memory, layout=layout)
+            continue
+        plan = get_kv_cache_config_from_groups(groups, memory, layout=layout)
+        assert plan.num_blocks == vllm_plan.num_blocks
+        assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
+                for t in plan.kv_cache_tensors] == [
+            (t.size, t.layers, t.layer_stride, t.block_stride, t.offset)
+            for t in vllm_plan.kv_cache_tensors]

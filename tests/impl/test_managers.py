@@ -60,7 +60,7 @@ class Setup:
 
     def admit(self, r, num_new=None, **kw):
         """Look up, then allocate num_new (default: the rest) tokens."""
-        blocks, hit = self.m.get_computed_blocks(r)
+        blocks, hit, _ = self.m.get_computed_blocks(r)
         n = r.num_tokens - hit if num_new is None else num_new
         new = self.m.allocate_slots(r, n, hit, blocks, **kw)
         if new is not None:

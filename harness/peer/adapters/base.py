@@ -5,6 +5,7 @@ impl objects wrapped in their adapters on the way out."""
 from __future__ import annotations
 
 import functools
+from collections.abc import MutableMapping
 
 from harness.peer import convert
 from harness.peer.lacks import MissingImplAPI
@@ -57,9 +58,38 @@ def unwrap(obj):
         return convert.to_impl_request(obj)
     if type(obj).__module__ == "vllm.v1.kv_cache_interface" and hasattr(obj, "block_size"):
         return convert.to_impl_spec(obj)
-    if isinstance(obj, (list, tuple)) and obj and any(isinstance(x, Adapter) for x in obj):
+    if isinstance(obj, (list, tuple)) and obj and any(
+            isinstance(x, (Adapter, list, tuple)) for x in obj):
+        # Lists of blocks per group hold adapters one level down.
         return type(obj)(unwrap(x) for x in obj)
     return obj
+
+
+class UnwrappingDict(MutableMapping):
+    """An impl object's dict as a test writes into it: values stored are
+    unwrapped (a test may put adapter blocks in a block table), values read
+    are impl's as they are."""
+
+    def __init__(self, target: dict) -> None:
+        self._target = target
+
+    def __getitem__(self, key):
+        return self._target[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._target[key] = unwrap(value)
+
+    def __delitem__(self, key) -> None:
+        del self._target[key]
+
+    def __iter__(self):
+        return iter(self._target)
+
+    def __len__(self) -> int:
+        return len(self._target)
+
+    def __contains__(self, key) -> bool:
+        return key in self._target
 
 
 def forward(fn, renames: dict[str, str] | None = None):
@@ -73,6 +103,19 @@ def forward(fn, renames: dict[str, str] | None = None):
         return wrap(fn(*args, **kwargs))
 
     return call
+
+
+def _install_on_impl(impl, name: str, fn) -> None:
+    """Put a test's replacement of a method on the impl object, called with
+    impl's arguments wrapped for the test and its result unwrapped for impl."""
+
+    def replacement(*args, **kwargs):
+        return unwrap(fn(*(wrap(a) for a in args), **{k: wrap(v) for k, v in kwargs.items()}))
+
+    try:
+        setattr(impl, name, replacement)
+    except AttributeError:
+        raise MissingImplAPI(type(impl).__name__, name) from None
 
 
 class Adapter:
@@ -93,16 +136,24 @@ class Adapter:
 
     def __setattr__(self, name: str, value) -> None:
         impl = object.__getattribute__(self, "_impl")
+        replaces_method = callable(value) and callable(getattr(type(impl), name, None))
         if hasattr(type(self), name) or name.startswith("_kvconform"):
             attr = getattr(type(self), name, None)
             if isinstance(attr, property):
                 attr.__set__(self, value)
                 return
             object.__setattr__(self, name, value)
+            if replaces_method:
+                # A test replacing a method on the object (a spy) must see
+                # impl's own calls of it too.
+                _install_on_impl(impl, name, value)
             return
         if not hasattr(impl, name):
             # impl would take the new attribute silently and never read it.
             raise MissingImplAPI(type(impl).__name__, name)
+        if replaces_method:
+            _install_on_impl(impl, name, value)
+            return
         try:
             setattr(impl, name, unwrap(value))
         except AttributeError:

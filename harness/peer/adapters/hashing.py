@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 
 from harness.peer import convert
-from harness.peer import features as F
-from harness.peer.lacks import ImplLacks, MissingImplAPI, NotFromImpl
+from harness.peer.lacks import ImplLacks
 from impl import block_hash as ihash
 from impl import block_hash_view as iview
 
@@ -59,11 +58,10 @@ xxhash_cbor = _named("xxhash_cbor")
 
 
 def init_none_hash(hash_fn) -> None:
+    # impl derives NONE_HASH from a named algorithm or any callable.
     name = _algorithm_of(hash_fn)
-    if name is None:
-        raise ImplLacks(F.CUSTOM_HASH, f"init_none_hash({getattr(hash_fn, '__name__', hash_fn)})")
     seed = os.getenv("PYTHONHASHSEED")
-    STATE.none_hash = ihash.none_hash(convert.PROFILE, name, seed)
+    STATE.none_hash = ihash.none_hash(convert.PROFILE, hash_fn if name is None else name, seed)
     STATE.seed = seed
 
 
@@ -85,14 +83,17 @@ def get_request_block_hasher(hash_block_size: int, caching_hash_fn):
 
 
 def hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys=None):
-    raise MissingImplAPI("impl.block_hash", "hash_block_tokens")
+    # vLLM's first block hashes from its process-wide NONE_HASH: the one
+    # init_none_hash made (impl takes it as an argument).
+    return ihash.hash_block_tokens(impl_hash_fn(hash_function), parent_block_hash,
+                                   curr_block_token_ids, extra_keys,
+                                   none_hash=STATE.none_hash)
 
 
 def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
-    keys = ihash.block_extra_keys(convert.to_impl_request(request), start_token_idx,
-                                  end_token_idx, convert.PROFILE.tagged_extra_keys)
-    return keys, NotFromImpl("the next multimodal feature index",
-                             "API: generate_block_hash_extra_keys' next mm feature index")
+    return ihash.generate_block_hash_extra_keys(
+        convert.to_impl_request(request), start_token_idx, end_token_idx, start_mm_idx,
+        convert.PROFILE.tagged_extra_keys)
 
 
 def to_event_extra_keys(extra_keys):
@@ -129,6 +130,5 @@ def resolve_block_hashes(block_hashes, hash_block_size, block_size, *,
 
 def maybe_convert_block_hash(hash_bytes):
     from harness.peer.adapters.pool import events_use_int_hashes
-    from impl import block_pool as ipool
 
-    return ipool.external_block_hash(hash_bytes, events_use_int_hashes())
+    return ihash.external_block_hash(hash_bytes, events_use_int_hashes())

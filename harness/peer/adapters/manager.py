@@ -5,8 +5,8 @@ from __future__ import annotations
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import Adapter, register, unwrap
-from harness.peer.lacks import Checks, ImplLacks, NotFromImpl, require
+from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.lacks import Checks, NotFromImpl
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -27,12 +27,7 @@ class KVCacheManager(Adapter):
                  dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
                  enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
-            checks.require(not use_eagle, F.EAGLE, "KVCacheManager(use_eagle=True)")
-            checks.require(not num_prefill_lookahead, F.PREFILL_LOOKAHEAD,
-                           f"num_prefill_lookahead={num_prefill_lookahead}")
             checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
-            checks.require(not enable_mamba_shared_prefix_checkpoint, F.RETENTION,
-                           "enable_mamba_shared_prefix_checkpoint")
             config = checks.run(convert.to_impl_config, kv_cache_config)
         if watermark < 0:
             raise AssertionError("watermark must be non-negative")
@@ -50,21 +45,23 @@ class KVCacheManager(Adapter):
             pcp_world_size=pcp_world_size,
             scheduler_block_size=scheduler_block_size,
             max_in_flight_tokens=max_in_flight_tokens,
+            enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
+            use_eagle=use_eagle,
+            num_prefill_lookahead=num_prefill_lookahead,
         )
         object.__setattr__(self, "_impl", impl)
         # The test's own input, as vLLM keeps it (impl keeps its converted copy).
         object.__setattr__(self, "kv_cache_config", kv_cache_config)
-        object.__setattr__(self, "use_eagle", use_eagle)
 
     kv_cache_config = None
-    use_eagle = False
 
     def get_computed_blocks(self, request):
-        blocks, num_hits = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
-        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION)
+        return unwrap(self).get_computed_blocks(convert.to_impl_request(request))
 
     def get_computed_blocks_for_connector(self, request):
-        raise ImplLacks(F.CONNECTOR_LOOKUP)
+        blocks, num_hits, diverged = unwrap(self).get_computed_blocks_for_connector(
+            convert.to_impl_request(request))
+        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION), diverged
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
@@ -72,7 +69,6 @@ class KVCacheManager(Adapter):
                        num_encoder_tokens=0, full_sequence_must_fit=False,
                        reserved_blocks=0, has_scheduled_reqs=True,
                        skip_zeroing_group_ids=()):
-        require(not skip_zeroing_group_ids, F.ZEROING, "skip_zeroing_group_ids")
         return unwrap(self).allocate_slots(
             convert.to_impl_request(request), num_new_tokens,
             num_new_computed_tokens=num_new_computed_tokens,
@@ -84,31 +80,19 @@ class KVCacheManager(Adapter):
             full_sequence_must_fit=full_sequence_must_fit,
             reserved_blocks=reserved_blocks,
             has_scheduled_reqs=has_scheduled_reqs,
+            skip_zeroing_group_ids=skip_zeroing_group_ids,
         )
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):
-        # impl's manager has no such method; its coordinator's is the same call.
-        unwrap(self).coordinator.remove_skipped_blocks(
-            request_id, processed_computed_tokens, num_prompt_tokens)
+        unwrap(self).remove_skipped_blocks(request_id, processed_computed_tokens,
+                                           num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
-        raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.pop_blocks_for_free")
-
-    def truncate_computed_blocks(self, blocks, num_computed_tokens):
-        raise ImplLacks(F.DEFERRED_FREES, "KVCacheManager.truncate_computed_blocks")
-
-    def take_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "KVCacheManager.take_new_block_ids")
-
-    def record_blocks_for_zeroing(self, request_id, start_token):
-        raise ImplLacks(F.ZEROING, "KVCacheManager.record_blocks_for_zeroing")
-
-    def take_boundary_state_offloads(self):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.take_boundary_state_offloads")
+        return wrap(unwrap(self).pop_blocks_for_free(convert.to_impl_request(request)))
 
     def finalize_partial_tail_offloads(self, request):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "KVCacheManager.finalize_partial_tail_offloads")
+        return unwrap(self).finalize_partial_tail_offloads(convert.to_impl_request(request))
 
     def take_kv_cache_block_copies(self):
         copies, retained = unwrap(self).take_kv_cache_block_copies()
@@ -120,14 +104,23 @@ class KVCacheCoordinator(Adapter):
     """The coordinator as tests read it through `manager.coordinator`."""
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        blocks, num_hits = unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
-        return blocks, num_hits, NotFromImpl("num_uncached_common_prefix_tokens", F.RETENTION)
+        return unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
 
-    def _no_retention(self, *_value):
-        raise ImplLacks(F.RETENTION, "coordinator.retention_interval")
+# One adapter class per coordinator kind, under vLLM's class names (tests
+# check which kind a config gets).
+for _kind in (icoord.KVCacheCoordinatorNoPrefixCache, icoord.UnitaryKVCacheCoordinator):
+    register(_kind)(type(_kind.__name__, (KVCacheCoordinator,), {}))
 
-    retention_interval = property(_no_retention, _no_retention)
 
-    @property
-    def eagle_group_ids(self):
-        raise ImplLacks(F.EAGLE, "coordinator.eagle_group_ids")
+def _hybrid_coordinator_adapter():
+    """The hybrid coordinator's adapter, which vLLM code that checks for its
+    hybrid coordinator class (isinstance) takes for one."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator as VllmHybrid
+
+    adapter = register(icoord.HybridKVCacheCoordinator)(
+        type("HybridKVCacheCoordinator", (KVCacheCoordinator,), {}))
+    VllmHybrid.register(adapter)
+    return adapter
+
+
+HybridKVCacheCoordinator = _hybrid_coordinator_adapter()

@@ -27,8 +27,8 @@ class BlockPool(Adapter):
         require(metrics_collector is None, F.METRICS_COLLECTOR, "BlockPool(metrics_collector=...)")
         require(medium == "GPU", F.HISPARSE, f"BlockPool(medium={medium!r})")
         object.__setattr__(self, "_impl", ipool.BlockPool(
-            num_gpu_blocks, enable_caching, hash_block_size, convert.PROFILE,
-            enable_kv_cache_events=enable_kv_cache_events,
+            num_gpu_blocks, enable_caching, hash_block_size,
+            enable_kv_cache_events=enable_kv_cache_events, profile=convert.PROFILE,
             events_use_int_hashes=events_use_int_hashes(),
         ))
 
@@ -53,15 +53,6 @@ class FreeKVCacheBlockQueue(Adapter):
 
     def __iter__(self):
         return iter(unwrap(self))
-
-    # vLLM's names for the queue's two sentinel blocks.
-    @property
-    def fake_free_list_head(self):
-        return unwrap(self).head
-
-    @property
-    def fake_free_list_tail(self):
-        return unwrap(self).tail
 
 
 class _BlockMeta(type):

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
+
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
-from harness.peer.adapters.base import ADAPTER_FOR, Adapter, register, unwrap
-from harness.peer.lacks import ImplLacks, MissingImplAPI, require
-from impl import kv_cache_sizing as isizing
+from harness.peer.adapters.base import ADAPTER_FOR, Adapter, UnwrappingDict, register, unwrap
+from harness.peer.lacks import ImplLacks, require
 from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
     chunked_local,
+    circular_buffer,
     cross_attention,
     full_attention,
+    hisparse,
     mamba,
+    rswa,
     sink_full_attention,
     sliding_window,
 )
@@ -26,11 +30,17 @@ class _Manager(Adapter):
     def __init__(self, kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
                  scheduler_block_size=None, dcp_world_size=1, pcp_world_size=1,
                  needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
-        require(not needs_kv_cache_zeroing, F.ZEROING, "needs_kv_cache_zeroing=True")
+        extra = {}
+        if needs_kv_cache_zeroing:
+            # Passed on to an impl manager that takes it (a kind that never
+            # zeroes takes it too); refused where impl has no zeroing.
+            require(_takes(self._impl_cls.__init__, "needs_kv_cache_zeroing"), F.ZEROING,
+                    "needs_kv_cache_zeroing=True")
+            extra["needs_kv_cache_zeroing"] = True
         impl = self._impl_cls(
             convert.to_impl_spec(kv_cache_spec), unwrap(block_pool), enable_caching,
             kv_cache_group_id, scheduler_block_size, dcp_world_size, pcp_world_size,
-            max_admission_blocks_per_request,
+            max_admission_blocks_per_request, **extra,
         )
         object.__setattr__(self, "_impl", impl)
 
@@ -38,28 +48,28 @@ class _Manager(Adapter):
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
-        require(not drop_eagle_block, F.EAGLE, "find_longest_cache_hit(drop_eagle_block=True)")
         spec = convert.to_impl_spec(kv_cache_spec)
-        # impl takes the group's block size in tokens (scaled where DCP shards).
-        block_size = isizing.resolve_dcp_block_size(spec, dcp_world_size)
-        impl_cls = cls._impl_cls
-        blocks, num_tokens = impl_cls.find_longest_cache_hit(
+        blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
-            alignment_tokens, block_size, dcp_world_size,
+            alignment_tokens, dcp_world_size, pcp_world_size, drop_eagle_block=drop_eagle_block,
         )
         return blocks, num_tokens
 
     @classmethod
-    def reachable_block_mask(cls, *args, **kwargs):
-        raise MissingImplAPI(cls.__name__, "reachable_block_mask (classmethod with spec)")
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec,
+                             use_eagle, retention_interval=None, reachable_boundaries=(),
+                             dcp_world_size=1, final_segment_end_block=None):
+        return cls._impl_cls.reachable_block_mask(
+            start_block, end_block, alignment_tokens, convert.to_impl_spec(kv_cache_spec),
+            use_eagle, retention_interval, tuple(reachable_boundaries), dcp_world_size,
+            final_segment_end_block)
 
     def cache_blocks(self, request, num_tokens, retention_interval=None, *,
                      replay_boundaries=()):
-        require(retention_interval is None, F.RETENTION, f"retention_interval={retention_interval}")
-        require(not replay_boundaries, F.REPLAY_BOUNDARIES)
         impl = unwrap(self)
         # Through the class: a test may have replaced the method on the object.
-        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens)
+        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens,
+                                retention_interval, tuple(replay_boundaries))
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):
@@ -70,24 +80,49 @@ class _Manager(Adapter):
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
                                           num_external_computed_tokens,
                                           record_for_zeroing=True):
-        # The flag only matters when blocks are recorded for zeroing (refused
-        # at construction above).
         impl = unwrap(self)
-        type(impl).allocate_external_computed_blocks(
-            impl, request_id, num_local_computed_tokens, num_external_computed_tokens)
+        method = type(impl).allocate_external_computed_blocks
+        # The flag only matters when blocks are recorded for zeroing (refused
+        # at construction where impl does not record them).
+        extra = {}
+        if _takes(method, "record_for_zeroing"):
+            extra["record_for_zeroing"] = record_for_zeroing
+        method(impl, request_id, num_local_computed_tokens, num_external_computed_tokens, **extra)
 
     def take_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "take_new_block_ids")
+        impl = unwrap(self)
+        if not hasattr(impl, "take_new_block_ids"):
+            raise ImplLacks(F.ZEROING, "take_new_block_ids")
+        return impl.take_new_block_ids()
+
+    @property
+    def req_to_blocks(self):
+        return UnwrappingDict(unwrap(self).req_to_blocks)
+
+    @property
+    def _partial_hit_reqs(self):
+        # vLLM's name for the hits ending inside a block that still owe their
+        # request a private copy (impl: _copy_due, the same (index, block)).
+        return UnwrappingDict(unwrap(self)._copy_due)
 
     @property
     def records_new_block_ids(self):
-        raise ImplLacks(F.ZEROING, "records_new_block_ids")
+        impl = unwrap(self)
+        if not hasattr(impl, "records_new_block_ids"):
+            raise ImplLacks(F.ZEROING, "records_new_block_ids")
+        return impl.records_new_block_ids
 
-    def take_pending_boundary_state_offloads(self):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "take_pending_boundary_state_offloads")
+    # vLLM's private names for state impl keeps under its own names: the
+    # tests read them (checkpoint reservations, first allocations, moving a
+    # scratch block).
+    _PRIVATE = {
+        "_checkpoints": "prefill_checkpoints",
+        "_allocated_block_reqs": "allocated_requests",
+        "_relocate_speculative_block": "relocate_speculative_block",
+    }
 
-    def finalize_partial_tail_offload(self, *args, **kwargs):
-        raise ImplLacks(F.BOUNDARY_OFFLOADS, "finalize_partial_tail_offload")
+    def __getattr__(self, name):
+        return Adapter.__getattr__(self, self._PRIVATE.get(name, name))
 
 
 def _manager(impl_cls, name):
@@ -105,25 +140,24 @@ ChunkedLocalAttentionManager = _manager(chunked_local.ChunkedLocalAttentionManag
                                         "ChunkedLocalAttentionManager")
 MambaManager = _manager(mamba.MambaManager, "MambaManager")
 CrossAttentionManager = _manager(cross_attention.CrossAttentionManager, "CrossAttentionManager")
+HiSparseSourceManager = _manager(hisparse.HiSparseSourceManager, "HiSparseSourceManager")
+HiSparseHotManager = _manager(hisparse.HiSparseHotManager, "HiSparseHotManager")
+HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseResidentManager")
 
 
-class _Unsupported(_Manager):
-    _feature = ""
-
-    def __init__(self, *args, **kwargs):
-        raise ImplLacks(self._feature, type(self).__name__)
+CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
+RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
 
 
-CircularBufferManager = type("CircularBufferManager", (_Unsupported,),
-                             {"_feature": F.CIRCULAR_BUFFER})
-RSWAManager = type("RSWAManager", (_Unsupported,), {"_feature": F.CIRCULAR_BUFFER})
+def _takes(fn, name: str) -> bool:
+    """Whether impl's callable has a parameter `name`."""
+    return name in inspect.signature(fn).parameters
 
 
 def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model_len,
                                   role=None, **kwargs):
-    require(role is None, F.HISPARSE, f"manager role {role}")
     spec = convert.to_impl_spec(kv_cache_spec)
-    impl_cls = imanagers.manager_class_for(spec)
+    impl_cls = imanagers.manager_class_for(spec, convert.to_impl_role(role))
     kwargs.setdefault("max_admission_blocks_per_request",
                       imanagers.max_admission_blocks_per_request(
                           spec, max_in_flight_tokens, max_model_len))

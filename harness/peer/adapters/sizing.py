@@ -1,24 +1,29 @@
-"""vLLM's KV cache sizing (kv_cache_utils' grouping and sizing functions, the
-specs' page_size_bytes / max_memory_usage_bytes) over impl.kv_cache_sizing.
+"""vLLM's KV cache sizing (kv_cache_utils' grouping, sizing and planning
+functions, the specs' page and capacity methods) over impl.kv_cache_sizing
+and impl.kv_cache_planning.
 
-vLLM's functions take a whole VllmConfig; the adapter reads the few fields
-impl's functions take (max_model_len, DCP size, the KV layout, the block
-override, ...) and converts specs and groups both ways. Where vLLM's function
-has no impl counterpart (multi-worker configs, the memory check, max model
-length estimation, tensor-parallel replicas), the adapter says so
-(MissingImplAPI) rather than composing an answer.
+vLLM's functions take a whole VllmConfig; the adapter reads the fields impl's
+functions take (max_model_len, DCP and TP sizes, the KV layout, the block
+override, ...) into impl's KVCachePlanningConfig, converts specs and groups
+both ways, and applies vLLM's in-place conventions (max_model_len written
+back after auto-fit, specs promoted in the caller's dict) to what impl
+returns.
 
-The spec classes are rebound too: `spec.page_size_bytes` and
-`spec.max_memory_usage_bytes(...)` of a spec a test builds are impl's.
+The spec classes are rebound too: `spec.page_size_bytes`,
+`spec.max_memory_usage_bytes(...)`, `UniformTypeKVCacheSpecs.from_specs(...)`
+and the like, of a spec a test builds, are impl's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from harness.peer import convert
 from harness.peer import features as F
-from harness.peer.lacks import MissingImplAPI, require
+from harness.peer.lacks import require
+from impl import eagle as ieagle
+from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
 
 REBOUND = (
@@ -36,14 +41,18 @@ REBOUND = (
     "get_kv_cache_configs",
     "resolve_kv_cache_block_sizes",
     "resolve_dcp_kv_block_size",
+    "resolve_dcp_kv_cache_spec",
+    "_project_kv_cache_groups_to_worker",
 )
 # kv_cache_interface's module functions rebound too.
-INTERFACE_REBOUND = ("get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window")
+INTERFACE_REBOUND = ("get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window",
+                     "iter_layer_specs", "is_full_attention_spec")
 
 # vLLM spec classes rebound to subclasses whose sizing answers are impl's.
 SPEC_CLASSES = (
     "FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec", "SlidingWindowSpec",
-    "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "MambaSpec",
+    "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "MambaSpec", "SlidingWindowMLASpec",
+    "HiddenStateCacheSpec", "RSWASpec", "CircularBufferSpec", "UniformTypeKVCacheSpecs",
 )
 
 # -- reading a VllmConfig --------------------------------------------------------------
@@ -56,84 +65,176 @@ def _field(obj, *path):
     return obj
 
 
-def _max_model_len(vllm_config) -> int:
-    return vllm_config.model_config.max_model_len
-
-
 def _dcp(vllm_config) -> int:
     return _field(vllm_config, "parallel_config", "decode_context_parallel_size") or 1
 
 
-def _max_in_flight(vllm_config) -> int | None:
-    return _field(vllm_config, "max_in_flight_tokens")
-
-
-def _encoder_tokens(vllm_config) -> int:
-    return _field(vllm_config, "scheduler_config", "max_num_encoder_input_tokens") or 0
-
-
-def _layout(vllm_config) -> str:
-    cache = _field(vllm_config, "cache_config")
-    if cache is None:
+def _layout(vllm_config) -> str | None:
+    resolve = _field(vllm_config, "cache_config", "get_resolved_kv_cache_layout")
+    if resolve is None:
         return "LBNHC"  # a stand-in config without a cache config: vLLM's default
-    layout = cache.get_resolved_kv_cache_layout()
+    try:
+        layout = resolve()
+    except ValueError:
+        return None  # not resolved yet: impl refuses to plan tensors without it
+    if not hasattr(layout, "name") and hasattr(layout, "is_block_outermost"):
+        # A test's stand-in layout says only whether blocks are outermost,
+        # all that grouping reads of it: a layout name of that kind.
+        return "BLHNC" if layout.is_block_outermost else "LBNHC"
     return getattr(layout, "name", str(layout))
 
 
 def _check_config(vllm_config) -> None:
-    if _field(vllm_config, "scheduler_config", "disable_hybrid_kv_cache_manager"):
-        raise MissingImplAPI("impl.kv_cache_sizing", "unify_hybrid_kv_cache_specs")
-    require(_field(vllm_config, "speculative_config") is None, F.EAGLE,
-            "speculative_config (draft groups)")
-    hisparse = getattr(getattr(vllm_config, "attention_config", None), "hisparse_config", None)
+    hisparse = _field(vllm_config, "attention_config", "hisparse_config")
     require(not hisparse, F.HISPARSE, "attention_config.hisparse_config")
+
+
+def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
+    """The VllmConfig fields impl's planning reads."""
+    cache = _field(vllm_config, "cache_config")
+    return iplan.KVCachePlanningConfig(
+        max_model_len=_field(vllm_config, "model_config", "max_model_len"),
+        auto_fit_max_model_len=_field(vllm_config, "model_config",
+                                      "original_max_model_len") == -1,
+        num_gpu_blocks_override=_field(cache, "num_gpu_blocks_override"),
+        kv_cache_layout=_layout(vllm_config),
+        tensor_parallel_size=_field(vllm_config, "parallel_config",
+                                    "tensor_parallel_size") or 1,
+        decode_context_parallel_size=_dcp(vllm_config),
+        max_in_flight_tokens=_field(vllm_config, "max_in_flight_tokens"),
+        max_num_encoder_input_tokens=_field(vllm_config, "scheduler_config",
+                                            "max_num_encoder_input_tokens") or 0,
+        num_prefill_lookahead_tokens=_field(vllm_config, "num_prefill_lookahead_tokens") or 0,
+        disable_hybrid_kv_cache_manager=bool(_field(
+            vllm_config, "scheduler_config", "disable_hybrid_kv_cache_manager")),
+        mamba_cache_mode=_field(cache, "mamba_cache_mode"),
+        pad_pages=convert.PROFILE.unify_pads_pages,
+        pad_ratio=convert.PROFILE.uniform_group_pad_ratio,
+        tensor_plan=convert.PROFILE.kv_cache_tensor_plan,
+        **_draft_groups(vllm_config),
+    )
+
+
+def _draft_groups(vllm_config) -> dict:
+    """Whether vLLM's grouping flags a drafter's groups, and how it finds
+    them (the speculative method's facts, read off the config)."""
+    spec_config = _field(vllm_config, "speculative_config")
+    if spec_config is None or not spec_config.use_eagle_block_drop():
+        return {}
+    model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
+    trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
+        spec_config.method, model_type)
+    return dict(flags_draft_groups=True, draft_layers_trailing=trailing)
+
+
+def _usage_args(vllm_config) -> dict:
+    cfg = planning_config(vllm_config)
+    return dict(dcp_world_size=cfg.decode_context_parallel_size,
+                max_in_flight_tokens=cfg.max_in_flight_tokens,
+                max_num_encoder_input_tokens=cfg.max_num_encoder_input_tokens,
+                mamba_cache_mode=cfg.mamba_cache_mode)
 
 
 # -- specs and groups back to vLLM's types -------------------------------------------------
 
+# Spec fields written differently on the two sides.
+_ENUMS = {"kv_quant_mode": "KVQuantMode", "cache_role": "SparseCacheRole"}
+# Taken from the vLLM spec the impl spec was made of (impl keeps sizes only).
+_FROM_TEMPLATE = ("dtype", "dtypes", "shapes", "mamba_type", "head_size_v")
 
-# The spec fields impl's grouping and sizing decide (unified block sizes,
-# padded pages, merged windows); the others are the template's as they were.
-_COMPUTED_FIELDS = ("block_size", "page_size_padded", "sliding_window", "attention_chunk_size")
+
+def rebound_class(name: str) -> type:
+    """The rebound (impl-answering) subclass of vLLM's spec class `name`."""
+    return _rebound()[name]
 
 
 def to_vllm_spec(spec, template):
     """impl's spec as vLLM's, from the vLLM spec it was made of (the
-    template keeps the fields impl does not model, e.g. the torch dtype)."""
+    template keeps the fields impl does not model, e.g. the torch dtype);
+    the template itself when impl left it as it was."""
     from vllm.v1 import kv_cache_interface as v
 
+    if template is not None and convert.to_impl_spec(template) == spec:
+        return template
     if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
-        specs = template.kv_cache_specs if isinstance(template, v.UniformTypeKVCacheSpecs) else {}
-        return v.UniformTypeKVCacheSpecs(
+        inner = template.kv_cache_specs if isinstance(
+            template, v.UniformTypeKVCacheSpecs) else {}
+        return rebound_class("UniformTypeKVCacheSpecs")(
             block_size=spec.block_size,
-            kv_cache_specs={n: to_vllm_spec(s, specs.get(n, template))
+            kv_cache_specs={n: to_vllm_spec(s, inner.get(n, template))
                             for n, s in spec.kv_cache_specs.items()},
         )
-    cls = type(template) if type(template).__name__ == type(spec).__name__ else getattr(
-        v, type(spec).__name__)
-    names = {f.name for f in dataclasses.fields(cls)}
+    cls = rebound_class(type(spec).__name__)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     values = {f.name: getattr(template, f.name) for f in dataclasses.fields(template)
-              if f.name in names}
-    for name in _COMPUTED_FIELDS:
-        if name in names and hasattr(spec, name):
-            values[name] = getattr(spec, name)
+              if f.init and f.name in names}
+    for f in dataclasses.fields(spec):
+        if f.name in names and f.name not in _FROM_TEMPLATE:
+            value = getattr(spec, f.name)
+            values[f.name] = getattr(v, _ENUMS[f.name])(value) if f.name in _ENUMS else value
+    if "head_size_v" in names and spec.head_size_v is not None:
+        values["head_size_v"] = spec.head_size_v
+    elif "head_size_v" in names and "head_size_v" not in values:
+        values["head_size_v"] = spec.head_size
     return cls(**values)
 
 
-def to_vllm_groups(groups, specs_by_layer):
+def _group_template(group, specs_by_layer):
+    """The vLLM spec a group of impl's was made of."""
+    if isinstance(group.kv_cache_spec, isizing.UniformTypeKVCacheSpecs):
+        return rebound_class("UniformTypeKVCacheSpecs")(
+            block_size=group.kv_cache_spec.block_size,
+            kv_cache_specs={n: specs_by_layer[n] for n in group.kv_cache_spec.kv_cache_specs})
+    if group.layer_names:
+        return specs_by_layer[group.layer_names[0]]
+    # A worker's share of a group may be no layer: a layer of the model whose
+    # spec impl's is (the group's spec is its layers' merged spec).
+    return next((s for s in specs_by_layer.values()
+                 if convert.to_impl_spec(s) == group.kv_cache_spec),
+                next(s for s in specs_by_layer.values()
+                     if type(s).__name__ == type(group.kv_cache_spec).__name__))
+
+
+def to_vllm_groups(groups, specs_by_layer, originals=None):
+    """impl's groups as vLLM's KVCacheGroupSpecs; `originals`: the vLLM
+    groups impl's were made of, kept where impl kept them."""
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
     out = []
-    for g in groups:
-        template = specs_by_layer[g.layer_names[0]]
-        if isinstance(g.kv_cache_spec, isizing.UniformTypeKVCacheSpecs):
-            from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
-
-            template = UniformTypeKVCacheSpecs(
-                block_size=g.kv_cache_spec.block_size,
-                kv_cache_specs={n: specs_by_layer[n] for n in g.layer_names})
-        out.append(KVCacheGroupSpec(list(g.layer_names), to_vllm_spec(g.kv_cache_spec, template)))
+    for i, g in enumerate(groups):
+        if originals is not None:
+            template = originals[i].kv_cache_spec
+        else:
+            template = _group_template(g, specs_by_layer)
+        out.append(KVCacheGroupSpec(list(g.layer_names),
+                                    to_vllm_spec(g.kv_cache_spec, template),
+                                    is_eagle_group=g.is_eagle_group))
     return out
+
+
+def _to_vllm_config(plan, groups, vllm_config, first=None):
+    """impl's plan as vLLM's KVCacheConfig (the fields impl does not plan
+    are vLLM's own: copied from the config or from `first`)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+
+    out = copy.copy(first) if first is not None else KVCacheConfig(
+        num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[],
+        prefix_cache_retention_interval=_field(vllm_config, "cache_config",
+                                               "prefix_cache_retention_interval"))
+    out.num_blocks = plan.num_blocks
+    out.kv_cache_tensors = [KVCacheTensor(size=t.size, layers=list(t.layers),
+                                          layer_stride=t.layer_stride,
+                                          block_stride=t.block_stride, offset=t.offset)
+                            for t in plan.kv_cache_tensors]
+    out.kv_cache_groups = groups
+    out.kv_tp_replicas = plan.kv_tp_replicas
+    return out
+
+
+def _write_back(vllm_specs: dict, impl_specs: dict) -> None:
+    """vLLM promotes specs in the caller's dict: do the same with impl's answer."""
+    for name, spec in impl_specs.items():
+        vllm_specs[name] = to_vllm_spec(spec, vllm_specs.get(name))
 
 
 # -- the functions ---------------------------------------------------------------------
@@ -141,36 +242,31 @@ def to_vllm_groups(groups, specs_by_layer):
 
 def get_kv_cache_groups(vllm_config, kv_cache_spec):
     _check_config(vllm_config)
-    groups = isizing.get_kv_cache_groups(convert.to_impl_specs(kv_cache_spec),
-                                         convert.PROFILE.unify_pads_pages, _layout(vllm_config))
-    return to_vllm_groups(groups, kv_cache_spec)
+    cfg = planning_config(vllm_config)
+    specs = convert.to_impl_specs(kv_cache_spec)
+    originals = dict(kv_cache_spec)
+    groups = cfg.groups(specs)
+    if cfg.disable_hybrid_kv_cache_manager:
+        _write_back(kv_cache_spec, specs)
+    return to_vllm_groups(groups, originals)
+
+
+def unify_hybrid_kv_cache_specs(kv_cache_spec):
+    specs = convert.to_impl_specs(kv_cache_spec)
+    isizing.unify_hybrid_kv_cache_specs(specs)
+    _write_back(kv_cache_spec, specs)
+
 
 
 def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
-
-    plan = isizing.get_kv_cache_config_from_groups(
-        [convert.to_impl_group(g) for g in kv_cache_groups], available_memory,
-        convert.PROFILE.kv_cache_tensor_plan, _layout(vllm_config),
-        vllm_config.cache_config.num_gpu_blocks_override,
-    )
-    return KVCacheConfig(
-        num_blocks=plan.num_blocks,
-        kv_cache_tensors=[KVCacheTensor(size=t.size, layers=list(t.layers),
-                                        layer_stride=t.layer_stride,
-                                        block_stride=t.block_stride, offset=t.offset)
-                          for t in plan.kv_cache_tensors],
-        kv_cache_groups=list(kv_cache_groups),
-    )
+    _check_config(vllm_config)
+    plan = planning_config(vllm_config).plan(
+        [convert.to_impl_group(g) for g in kv_cache_groups], available_memory)
+    return _to_vllm_config(plan, list(kv_cache_groups), vllm_config)
 
 
 def is_kv_cache_spec_uniform(kv_cache_spec) -> bool:
-    # impl says "not uniform" by refusing to merge the specs into one.
-    try:
-        isizing.merge_specs(list(convert.to_impl_specs(kv_cache_spec).values()))
-    except isizing.MergeError:
-        return False
-    return True
+    return isizing.is_kv_cache_spec_uniform(convert.to_impl_specs(kv_cache_spec))
 
 
 def unify_kv_cache_spec_page_size(kv_cache_spec):
@@ -185,18 +281,14 @@ def _groups_of(kv_cache_config):
 
 def get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config) -> float:
     return isizing.get_max_concurrency(
-        _groups_of(kv_cache_config), kv_cache_config.num_blocks, _max_model_len(vllm_config),
-        dcp_world_size=_dcp(vllm_config), max_in_flight_tokens=_max_in_flight(vllm_config),
-        max_num_encoder_input_tokens=_encoder_tokens(vllm_config),
-    )
+        _groups_of(kv_cache_config), kv_cache_config.num_blocks,
+        planning_config(vllm_config).max_model_len, **_usage_args(vllm_config))
 
 
 def get_kv_cache_capacity(vllm_config, kv_cache_config):
     return isizing.get_kv_cache_capacity(
-        _groups_of(kv_cache_config), kv_cache_config.num_blocks, _max_model_len(vllm_config),
-        dcp_world_size=_dcp(vllm_config), max_in_flight_tokens=_max_in_flight(vllm_config),
-        max_num_encoder_input_tokens=_encoder_tokens(vllm_config),
-    )
+        _groups_of(kv_cache_config), kv_cache_config.num_blocks,
+        planning_config(vllm_config).max_model_len, **_usage_args(vllm_config))
 
 
 def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
@@ -205,9 +297,10 @@ def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
     return isizing.resolve_kv_cache_block_sizes(
         specs, cache.enable_prefix_caching, _dcp(vllm_config),
         getattr(cache, "prefix_match_unit", None),
-        kv_connector=vllm_config.kv_transfer_config is not None,
+        kv_connector=_field(vllm_config, "kv_transfer_config") is not None,
         rule=convert.PROFILE.block_sizes_rule,
-        pcp_world_size=vllm_config.parallel_config.prefill_context_parallel_size,
+        pcp_world_size=_field(vllm_config, "parallel_config",
+                              "prefill_context_parallel_size") or 1,
     )
 
 
@@ -215,66 +308,228 @@ def resolve_dcp_kv_block_size(spec, dcp_world_size: int) -> int:
     return isizing.resolve_dcp_block_size(convert.to_impl_spec(spec), dcp_world_size)
 
 
+def resolve_dcp_kv_cache_spec(spec, dcp_world_size: int):
+    impl_spec = convert.to_impl_spec(spec)
+    resolved = isizing.resolve_dcp_kv_cache_spec(impl_spec, dcp_world_size)
+    return spec if resolved is impl_spec else to_vllm_spec(resolved, spec)
+
+
 def get_kv_cache_spec_kind(kv_cache_spec):
     from vllm.v1.kv_cache_interface import KVCacheSpecKind
 
-    spec = convert.to_impl_spec(kv_cache_spec)
-    if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
-        raise MissingImplAPI("UniformTypeKVCacheSpecs", "kind")
-    return KVCacheSpecKind(spec.kind)
+    return KVCacheSpecKind(convert.to_impl_spec(kv_cache_spec).kind)
 
 
 def get_kv_cache_spec_sliding_window(kv_cache_spec):
-    spec = convert.to_impl_spec(kv_cache_spec)
-    if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
-        raise MissingImplAPI("UniformTypeKVCacheSpecs", "sliding_window_of_events")
-    return spec.sliding_window_of_events
+    return convert.to_impl_spec(kv_cache_spec).sliding_window_of_events
 
 
-def _missing(name: str):
-    def missing(*args, **kwargs):
-        raise MissingImplAPI("impl.kv_cache_sizing", name)
+def iter_layer_specs(kv_cache_spec):
+    impl_spec = convert.to_impl_spec(kv_cache_spec)
+    layers = isizing.iter_layer_specs(impl_spec)
+    if not isinstance(impl_spec, isizing.UniformTypeKVCacheSpecs):
+        return (kv_cache_spec,)
+    # impl's answer, layer by layer, as the test's own vLLM spec objects.
+    names = list(impl_spec.kv_cache_specs)
+    assert len(names) == len(layers)
+    return tuple(kv_cache_spec.kv_cache_specs[n] for n in names)
 
-    missing.__name__ = name
-    return missing
+
+def is_full_attention_spec(kv_cache_spec) -> bool:
+    return isizing.is_full_attention_spec(convert.to_impl_spec(kv_cache_spec))
 
 
-estimate_max_model_len = _missing("estimate_max_model_len")
-check_enough_kv_cache_memory = _missing("check_enough_kv_cache_memory")
-generate_scheduler_kv_cache_config = _missing("generate_scheduler_kv_cache_config")
-kv_cache_groups_tp_replicas = _missing("kv_cache_groups_tp_replicas")
-unify_hybrid_kv_cache_specs = _missing("unify_hybrid_kv_cache_specs")
-get_kv_cache_configs = _missing("get_kv_cache_configs")
+def estimate_max_model_len(vllm_config, kv_cache_spec, available_memory):
+    return iplan.estimate_max_model_len(convert.to_impl_specs(kv_cache_spec), available_memory,
+                                        planning_config(vllm_config))
+
+
+def check_enough_kv_cache_memory(vllm_config, kv_cache_spec, available_memory):
+    _check_config(vllm_config)
+    iplan.check_enough_kv_cache_memory(convert.to_impl_specs(kv_cache_spec),
+                                       available_memory, planning_config(vllm_config))
+
+
+def kv_cache_groups_tp_replicas(groups, tp_size, dcp_size=1):
+    return iplan.kv_cache_groups_tp_replicas([convert.to_impl_group(g) for g in groups],
+                                             tp_size, dcp_size)
+
+
+def _to_impl_plan(kv_cache_config):
+    plan = isizing.KVCacheConfigPlan(kv_cache_config.num_blocks, [], _groups_of(kv_cache_config))
+    plan.kv_tp_replicas = kv_cache_config.kv_tp_replicas
+    return plan
+
+
+def generate_scheduler_kv_cache_config(kv_cache_configs):
+    plan = iplan.generate_scheduler_kv_cache_config([_to_impl_plan(c) for c in kv_cache_configs])
+    out = copy.deepcopy(kv_cache_configs[0])
+    for group, impl_group in zip(out.kv_cache_groups, plan.kv_cache_groups):
+        impl_spec = convert.to_impl_spec(group.kv_cache_spec)
+        if isinstance(impl_spec, isizing.UniformTypeKVCacheSpecs):
+            # impl chose one layer's spec: vLLM's spec of that layer.
+            name = next(n for n, s in impl_spec.kv_cache_specs.items()
+                        if s == impl_group.kv_cache_spec)
+            group.kv_cache_spec = group.kv_cache_spec.kv_cache_specs[name]
+    out.num_blocks = plan.num_blocks
+    out.kv_tp_replicas = plan.kv_tp_replicas
+    return out
+
+
+def _project_kv_cache_groups_to_worker(global_kv_cache_groups, worker_spec):
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    impl_groups = [convert.to_impl_group(g) for g in global_kv_cache_groups]
+    projected = iplan.project_kv_cache_groups_to_worker(impl_groups, worker_spec)
+    out = []
+    for group, impl_group, mine in zip(global_kv_cache_groups, impl_groups, projected):
+        if mine is impl_group:
+            out.append(group)
+            continue
+        spec = group.kv_cache_spec
+        if mine.kv_cache_spec is not impl_group.kv_cache_spec:
+            spec = rebound_class("UniformTypeKVCacheSpecs")(
+                block_size=spec.block_size,
+                kv_cache_specs={n: spec.kv_cache_specs[n]
+                                for n in mine.kv_cache_spec.kv_cache_specs})
+        out.append(KVCacheGroupSpec(list(mine.layer_names), spec))
+    return out
+
+
+def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
+    _check_config(vllm_config)
+    cfg = planning_config(vllm_config)
+    worker_specs = [convert.to_impl_specs(specs) for specs in kv_cache_specs]
+    plans, max_model_len = iplan.get_kv_cache_configs(worker_specs, available_memory, cfg)
+    # vLLM writes the fitted length into the engine's config.
+    vllm_config.model_config.max_model_len = max_model_len
+    by_layer = {}
+    for specs in kv_cache_specs:
+        for name, spec in specs.items():
+            by_layer.setdefault(name, spec)
+    return [_to_vllm_config(p, to_vllm_groups(p.kv_cache_groups, by_layer), vllm_config)
+            for p in plans]
 
 
 # -- spec classes --------------------------------------------------------------------------
 
 
+def _impl(spec):
+    return convert.to_impl_spec(spec)
+
+
 def _spec_subclass(vllm_cls):
     def page_size_bytes(self) -> int:
-        return isizing.page_size_bytes(convert.to_impl_spec(self))
+        return isizing.page_size_bytes(_impl(self))
+
+    def unpadded(self) -> int:
+        return isizing.unpadded_page_size_bytes(_impl(self))
 
     def merge(cls, specs):
-        # impl's MergeError (a ValueError) goes to the test as it is.
-        merged = isizing.merge_specs([convert.to_impl_spec(s) for s in specs])
+        # impl's MergeError (an AssertionError) or window ValueError goes to
+        # the test as it is.
+        merged = isizing.merge_specs([_impl(s) for s in specs])
         return to_vllm_spec(merged, specs[0])
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
-        return isizing.max_memory_usage_bytes(
-            convert.to_impl_spec(self), _max_model_len(vllm_config), _dcp(vllm_config),
-            _max_in_flight(vllm_config), _encoder_tokens(vllm_config))
+        cfg = planning_config(vllm_config)
+        return isizing.max_memory_usage_bytes(_impl(self), cfg.max_model_len,
+                                              **_usage_args(vllm_config))
 
-    return type(vllm_cls.__name__, (vllm_cls,), {
+    def max_num_blocks_per_req(self, vllm_config, max_len) -> int:
+        return isizing.max_num_blocks_per_req(_impl(self), max_len, **_usage_args(vllm_config))
+
+    def num_heads(self) -> int:
+        return isizing.num_heads(_impl(self))
+
+    def state_content_size_bytes(self) -> int:
+        return isizing.state_content_size_bytes(_impl(self))
+
+    def num_states(self) -> int:
+        return isizing.num_states(_impl(self))
+
+    attrs = {
         "__doc__": f"vLLM's {vllm_cls.__name__}, its sizing answered by impl.",
         "__module__": __name__,
         "page_size_bytes": property(page_size_bytes),
         "max_memory_usage_bytes": max_memory_usage_bytes,
+        "max_num_blocks_per_req": max_num_blocks_per_req,
         "merge": classmethod(merge),
         "__kvconform_spec__": True,
+    }
+    if vllm_cls.__name__ != "MambaSpec":
+        attrs.update(real_page_size_bytes=property(unpadded),
+                     unpadded_page_size_bytes=property(unpadded),
+                     num_heads=property(num_heads),
+                     state_content_size_bytes=property(state_content_size_bytes),
+                     num_states=property(num_states))
+    else:
+        attrs.update(real_page_size_bytes=property(unpadded))
+    return type(vllm_cls.__name__, (vllm_cls,), attrs)
+
+
+def _uniform_subclass(vllm_cls):
+    def from_specs(cls, kv_cache_specs):
+        if not isizing.is_uniform_type(convert.to_impl_specs(kv_cache_specs)):
+            return None
+        return cls(block_size=next(iter(kv_cache_specs.values())).block_size,
+                   kv_cache_specs=kv_cache_specs)
+
+    def is_uniform_type(cls, kv_cache_specs) -> bool:
+        return isizing.is_uniform_type(convert.to_impl_specs(kv_cache_specs))
+
+    def first_spec(self):
+        first = _impl(self).first_spec
+        return next(s for n, s in self.kv_cache_specs.items() if _impl(s) is first or
+                    _impl(s) == first)
+
+    def page_size_bytes(self) -> int:
+        return isizing.page_size_bytes(_impl(self))
+
+    def max_memory_usage_bytes(self, vllm_config) -> int:
+        cfg = planning_config(vllm_config)
+        return isizing.max_memory_usage_bytes(_impl(self), cfg.max_model_len,
+                                              **_usage_args(vllm_config))
+
+    def max_num_blocks_per_req(self, vllm_config, max_len) -> int:
+        return isizing.max_num_blocks_per_req(_impl(self), max_len, **_usage_args(vllm_config))
+
+    def get_max_layers_per_page_size(self) -> int:
+        return _impl(self).get_max_layers_per_page_size()
+
+    def prefix_cacheable(self) -> bool:
+        return _impl(self).prefix_cacheable
+
+    return type(vllm_cls.__name__, (vllm_cls,), {
+        "__doc__": "vLLM's UniformTypeKVCacheSpecs, its answers impl's.",
+        "__module__": __name__,
+        "from_specs": classmethod(from_specs),
+        "is_uniform_type": classmethod(is_uniform_type),
+        "first_spec": property(first_spec),
+        "page_size_bytes": property(page_size_bytes),
+        "max_memory_usage_bytes": max_memory_usage_bytes,
+        "max_num_blocks_per_req": max_num_blocks_per_req,
+        "get_max_layers_per_page_size": get_max_layers_per_page_size,
+        "prefix_cacheable": property(prefix_cacheable),
+        "__kvconform_spec__": True,
     })
+
+
+_REBOUND_CLASSES: dict[str, type] = {}
+
+
+def _rebound() -> dict[str, type]:
+    from vllm.v1 import kv_cache_interface as v
+
+    if not _REBOUND_CLASSES:
+        for name in SPEC_CLASSES:
+            vllm_cls = getattr(v, name)
+            maker = _uniform_subclass if name == "UniformTypeKVCacheSpecs" else _spec_subclass
+            _REBOUND_CLASSES[name] = maker(vllm_cls)
+    return _REBOUND_CLASSES
 
 
 def spec_classes() -> list[tuple[type, type]]:
     from vllm.v1 import kv_cache_interface as v
 
-    return [(getattr(v, name), _spec_subclass(getattr(v, name))) for name in SPEC_CLASSES]
+    return [(getattr(v, name), cls) for name, cls in _rebound().items()]

@@ -21,13 +21,15 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
     preset = load_preset(small_preset("tight-memory-preemption", requests={
         "count": 6, "output_tokens": [24, 48]}))
     out = tmp_path / "hybrid.jsonl"
-    r = capture_engine(preset, str(out), EngineOptions(sliding_window=64), progress=False)
+    r = capture_engine(preset, str(out), EngineOptions(
+        sliding_window=64, prefix_cache_retention_interval=None), progress=False)
     assert r.num_requests == 6
 
     h = open_trace(str(out)).header
     assert [(g.kind, g.block_size, g.sliding_window) for g in h.cache.groups] == [
         ("sliding_window", 32, 64), ("full_attention", 32, None)]
     assert h.cache.max_in_flight_tokens is not None
+    assert h.cache.prefix_cache_retention_interval is None  # dense, as asked
     assert h.model.num_layers == 4 and "sliding window 64" in h.description
 
     # The sliding-window group drops blocks out of the window: some lookup hits
@@ -36,6 +38,24 @@ def test_hybrid_engine_trace_replays_conformant(tmp_path, small_preset):
                if rec.event.kind == "lookup" and rec.answer["hit_tokens"] > 64]
     assert any(0 in a["block_ids"][0] and 0 not in a["block_ids"][1] for a in lookups)
 
+    o = check_trace(str(out), ["vllm", "impl"])
+    assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
+
+
+def test_hybrid_engine_with_default_sparse_retention_replays_conformant(tmp_path,
+                                                                      small_preset):
+    """vLLM's engine default (retention 0): the header records it, lookups
+    carry the shared-prefix boundary, and the trace replays on both backends."""
+    from harness.capture.engine_capture import EngineOptions, capture_engine
+    from harness.capture.presets import load_preset
+
+    preset = load_preset(small_preset("rag-shared-documents", requests={
+        "count": 8, "output_tokens": [8, 16]}))
+    out = tmp_path / "hybrid-sparse.jsonl"
+    capture_engine(preset, str(out), EngineOptions(sliding_window=64), progress=False)
+    trace = open_trace(str(out))
+    assert trace.header.cache.prefix_cache_retention_interval == 0
+    assert trace.header.cache.reports_shared_prefix_boundary
     o = check_trace(str(out), ["vllm", "impl"])
     assert o.exit_code == 0, o.divergence and format_failure(o.divergence)
 
@@ -83,9 +103,11 @@ def test_header_maps_attention_groups_and_refuses_what_traces_cannot_say():
     only_full = cache_config_of(_scheduler([groups[1]], retention=0))
     assert only_full.max_in_flight_tokens is None
 
-    # 0.32's default sparse retention of sliding-window blocks has no trace field.
-    with pytest.raises(CaptureGap, match="prefix_cache_retention_interval=0"):
-        cache_config_of(_scheduler(groups, retention=0))
+    # 0.32's default sparse retention of sliding-window blocks is recorded
+    # (full attention alone ignores it: the header stays as before).
+    assert cache_config_of(_scheduler(groups, retention=0)).prefix_cache_retention_interval == 0
+    assert cache_config_of(_scheduler(groups)).prefix_cache_retention_interval is None
+    assert only_full.prefix_cache_retention_interval is None
     # Neither has the window's extra retained tokens (multi-module MTP).
     extra = [KVCacheGroupSpec(["a"], _spec("SlidingWindowSpec", sliding_window=48,
                                            extra_retained_tokens=2))]

@@ -8,7 +8,8 @@ import filecmp
 import pytest
 
 from harness.fuzz.campaign import fuzz
-from harness.fuzz.faults import FAULTS, inject
+from harness.fuzz.faults import FAULT_KINDS, FAULTS, inject
+from harness.fuzz.generate import FuzzConfig
 from harness.replay import check_trace
 from harness.report import format_failure
 from impl.profiles import get_profile
@@ -23,8 +24,9 @@ FAULT_CASES = 400
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_injected_fault_is_found_and_shrunk(tmp_path, fault):
+    kinds = FAULT_KINDS.get(fault)
     result = fuzz(P, NO_TIME_LIMIT, seed=1, out_dir=str(tmp_path), fault=fault,
-                  max_cases=FAULT_CASES)
+                  max_cases=FAULT_CASES, fuzz_config=FuzzConfig(kinds=kinds) if kinds else None)
     f = result.finding
     assert f is not None, f"{fault} not found in {result.cases} cases"
     assert f.num_calls <= 12, f"{fault}: shrunk to {f.num_calls} calls only"

@@ -28,9 +28,16 @@ def test_a_spec_field_impl_cannot_express_raises_the_feature():
     from harness.peer.lacks import ImplLacks
 
     spec = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,),
-                     mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
-    with pytest.raises(ImplLacks, match="Mamba prefill checkpoints"):
+                     mamba_cache_mode="align", tp_replicated=True)
+    with pytest.raises(ImplLacks, match="Mamba tp_replicated"):
         convert.to_impl_spec(spec)
+    # Prefill checkpoint blocks are impl's too now.
+    checkpoints = MambaSpec(block_size=16, shapes=((1, 1),), dtypes=(torch.float32,),
+                            mamba_cache_mode="align", num_prefill_checkpoint_blocks=1,
+                            prefill_checkpoint_alignment=16)
+    converted = convert.to_impl_spec(checkpoints)
+    assert (converted.num_prefill_checkpoint_blocks,
+            converted.prefill_checkpoint_alignment) == (1, 16)
 
 
 def test_not_from_impl_refuses_every_use():
@@ -42,3 +49,31 @@ def test_not_from_impl_refuses_every_use():
     with pytest.raises(ImplLacks):
         assert value == 0
     assert ("retention", "the test reads shared_prefix_boundary") in take_seen()
+
+
+def test_replicated_specs_and_draft_groups_are_copied():
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+
+    from harness.peer import convert
+
+    draft = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16,
+                              dcp_sharded=False)
+    config = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["target"], FullAttentionSpec(block_size=16, num_kv_heads=1,
+                                                       head_size=8, dtype=torch.float16)),
+        KVCacheGroupSpec(["draft"], draft, is_eagle_group=True)])
+    ours = convert.to_impl_config(config)
+    assert [g.is_eagle_group for g in ours.kv_cache_groups] == [False, True]
+    assert [g.kv_cache_spec.dcp_sharded for g in ours.kv_cache_groups] == [True, False]
+    assert not ours.needs_kv_cache_zeroing
+    mamba = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1,),),
+                                          dtypes=(torch.float32,)))])
+    # vLLM zeroes new blocks of a model with state-space layers.
+    assert convert.to_impl_config(mamba).needs_kv_cache_zeroing

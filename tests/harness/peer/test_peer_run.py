@@ -73,6 +73,23 @@ SAMPLE = textwrap.dedent('''
             num_gpu_blocks=5, enable_caching=True, hash_block_size=4)
         assert pool.get_num_free_blocks() == 4
         _manager()
+
+
+    def _vllm_spec():
+        # vLLM's own spec class, fetched past the test module's names.
+        spec_cls = importlib.import_module("vllm.v1.kv_cache_interface").FullAttentionSpec
+        return spec_cls(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+    def test_reads_what_a_spec_is():
+        # What a connector reads of the test's config: not an answer.
+        assert _vllm_spec().prefix_cacheable
+        test_prefix_hit()
+
+
+    def test_reads_a_sizing_answer_from_vllm():
+        assert _vllm_spec().page_size_bytes == 32
+        test_prefix_hit()
 ''')
 
 # Loaded into the impl run only when KVCONFORM_TEST_INJECT is set: prefix
@@ -81,19 +98,20 @@ INJECT = textwrap.dedent('''
     import os
 
     if os.environ.get("KVCONFORM_TEST_INJECT"):
-        from impl.managers.full_attention import FullAttentionManager
+        # One group's lookup (impl's unitary coordinator scans the map itself).
+        from impl.coordinator import UnitaryKVCacheCoordinator
 
-        original = FullAttentionManager.find_longest_cache_hit.__func__
+        original = UnitaryKVCacheCoordinator.find_longest_cache_hit
 
-        def buggy(cls, *args, **kwargs):
-            blocks, length = original(cls, *args, **kwargs)
+        def buggy(self, *args, **kwargs):
+            blocks, length = original(self, *args, **kwargs)
             if length:
                 for group in blocks:
                     del group[-1:]
-                length -= args[6]
+                length -= self.block_size
             return blocks, length
 
-        FullAttentionManager.find_longest_cache_hit = classmethod(buggy)
+        UnitaryKVCacheCoordinator.find_longest_cache_hit = buggy
 ''')
 
 
@@ -128,7 +146,8 @@ def runs(tmp_path_factory):
 def test_every_sample_test_passes_on_vllm(runs):
     assert {name: r["outcome"] for name, r in runs["vllm"].items()} == {
         "test_prefix_hit": "passed", "test_never_reaches_impl": "passed",
-        "test_answers_from_vllm": "passed"}
+        "test_answers_from_vllm": "passed", "test_reads_what_a_spec_is": "passed",
+        "test_reads_a_sizing_answer_from_vllm": "passed"}
 
 
 def test_impl_answers_the_prefix_hit_test(runs):
@@ -156,3 +175,14 @@ def test_an_injected_impl_bug_fails_the_impl_backed_test(runs):
     assert classify.verdict_on_impl(rec)[0] == FAILED
     # ... and only that one: the controls do not depend on impl's answers.
     assert runs["bug"]["test_never_reaches_impl"]["outcome"] == "passed"
+
+
+def test_reading_what_a_spec_is_does_not_count_as_vllm_answering(runs):
+    """prefix_cacheable describes the test's input; a sizing answer
+    (page_size_bytes) from vLLM's spec still makes the test not applicable."""
+    rec = runs["impl"]["test_reads_what_a_spec_is"]
+    assert rec["outcome"] == "passed" and rec["vllm_kv_calls"] == 0
+    assert classify.verdict_on_impl(rec)[0] == PASSED
+    sized = runs["impl"]["test_reads_a_sizing_answer_from_vllm"]
+    assert sized["outcome"] == "passed" and sized["vllm_kv_calls"] > 0
+    assert classify.verdict_on_impl(sized)[0] == NOT_APPLICABLE
