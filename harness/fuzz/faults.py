@@ -36,13 +36,13 @@ def _touch_without_unlinking(self, blocks):
 _real_get_computed_blocks = KVCacheManager.get_computed_blocks
 
 
-def _lookup_whole_prompt(self, request):
+def _lookup_whole_prompt(self, request, max_cache_hit_length=None):
     # Fault: off by one in the longest-hit rule: the whole prompt may hit.
     coordinator = self.coordinator
     real = coordinator.find_longest_cache_hit
     coordinator.find_longest_cache_hit = lambda hashes, n: real(hashes, n + 1)
     try:
-        return _real_get_computed_blocks(self, request)
+        return _real_get_computed_blocks(self, request, max_cache_hit_length)
     finally:
         del coordinator.find_longest_cache_hit
 

@@ -176,6 +176,8 @@ class _Compiler:
 
     def _array(self, s: dict) -> tuple[Any, Check | None]:
         items = s.get("items")
+        if isinstance(items, list):
+            return self._positional(s, items)
         joined = None
         if items is not None and items.get("type") == "string" and "pattern" in items:
             # Matched once for the whole list rather than once per string.
@@ -199,20 +201,41 @@ class _Compiler:
             checks.append(lambda v: len(set(v)) == len(v))
         return t, _all(checks)
 
+    def _positional(self, s: dict, items: list) -> tuple[Any, Check | None]:
+        """An array whose i-th item has the i-th schema (a fixed-length
+        record such as [req, start, count]): a msgspec tuple, when its length
+        is fixed too."""
+        if s.get("minItems") != len(items) or s.get("maxItems") != len(items) or (
+                s.get("additionalItems") not in (None, False)):
+            raise Unsupported("positional items of a length that is not fixed")
+        parts = [self.compile(item) for item in items]
+        checks = [(i, c) for i, (_, c) in enumerate(parts) if c is not None]
+        t = tuple[tuple(t for t, _ in parts)]
+        if not checks:
+            return t, None
+        return t, lambda v: all(c(v[i]) for i, c in checks)
+
     def _object(self, s: dict, tag: str | None) -> tuple[Any, Check | None]:
         props = s.get("properties")
         lo, hi = s.get("minProperties"), s.get("maxProperties")
-        if props is None and s.get("additionalProperties", True) is not False:
-            # A free-form object: any JSON object, with its required keys.
+        extra = s.get("additionalProperties", True)
+        if props is None and extra is not False:
+            # A free-form object (values of one schema, when it gives one),
+            # with its required keys.
             required = tuple(s.get("required", ()))
             checks: list[Check] = []
+            value: Any = Any
+            if isinstance(extra, dict):
+                value, value_check = self.compile(extra)
+                if value_check is not None:
+                    checks.append(lambda v: all(value_check(x) for x in v.values()))
             if required:
                 checks.append(lambda v: all(k in v for k in required))
             if lo is not None:
                 checks.append(lambda v: len(v) >= lo)
             if hi is not None:
                 checks.append(lambda v: len(v) <= hi)
-            return dict[str, Any], _all(checks)
+            return dict[str, value], _all(checks)
         if s.get("additionalProperties", True) is not False:
             # Unknown keys would be dropped by a Struct, and the answer with them.
             raise Unsupported("an object with properties that allows other keys")

@@ -12,7 +12,11 @@ from harness.trace import open_trace
 from impl.profiles import get_profile
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"
-TRACES_032 = sorted(p.name for p in SCENARIOS.glob("*.yaml") if "v0.17" not in p.name)
+TRACES_032 = sorted(p.name for p in SCENARIOS.glob("*.yaml")
+                    if "v0.17" not in p.name and "v0.33" not in p.name)
+# Recorded from vLLM 0.33.0 (its overlay); impl is checked against those
+# answers here, vLLM 0.33 itself by `make matrix` (the gate through its overlay).
+TRACES_033 = sorted(p.name for p in SCENARIOS.glob("*-v0.33.yaml"))
 
 
 def run_and_check(backend, trace) -> int:
@@ -28,7 +32,8 @@ def run_and_check(backend, trace) -> int:
 
 def test_every_scenario_has_expectations_and_answers():
     assert len(TRACES_032) >= 12
-    for name in TRACES_032 + ["documented-example-v0.17.yaml"]:
+    assert len(TRACES_033) >= 2
+    for name in TRACES_032 + TRACES_033 + ["documented-example-v0.17.yaml"]:
         records = list(open_trace(str(SCENARIOS / name)).records)
         assert any(r.expect for r in records), name
         assert all(r.answer is not None for r in records), f"{name}: not recorded"
@@ -38,6 +43,15 @@ def test_every_scenario_has_expectations_and_answers():
 def test_scenario(make_backend, name):
     trace = open_trace(str(SCENARIOS / name))
     assert run_and_check(make_backend(trace.header.cache, trace.profile.name), trace) > 0
+
+
+@pytest.mark.parametrize("name", TRACES_033)
+def test_scenario_0_33_on_impl(name):
+    from harness.backends.impl_backend import ImplBackend
+
+    trace = open_trace(str(SCENARIOS / name))
+    assert trace.profile is get_profile("0.33")
+    assert run_and_check(ImplBackend(trace.header.cache, trace.profile, check=True), trace) > 0
 
 
 def test_documented_example_0_17_matches_the_documentation():

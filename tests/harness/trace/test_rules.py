@@ -130,7 +130,7 @@ def test_without_the_state_rules_vllm_raises_and_impl_answers():
         raised = []
         request = b.requests["a"]
         try:  # a lookup of the running request, and the allocation adopting it
-            blocks, hit, _ = b._get_computed_blocks(request)
+            blocks, hit, *_ = b._get_computed_blocks(request)
             b._allocate_slots(request, event_from_dict(
                 {"op": "allocate", "req": "a", "num_new_tokens": 4}), blocks, hit)
         except Exception as e:  # noqa: BLE001
