@@ -66,6 +66,9 @@ class KVCachePlanningConfig:
     # drafter's layers are the last ones registered.
     flags_draft_groups: bool = False
     draft_layers_trailing: bool = False
+    # Layers whose spec marks them as a drafter's (a non-causal multi-token
+    # decode): their groups are draft groups.
+    draft_marked_layers: frozenset[str] = frozenset()
 
     def usage(self, spec, max_model_len: int | None = None) -> int:
         """One request's bytes in a group of this spec."""
@@ -79,7 +82,8 @@ class KVCachePlanningConfig:
         groups = get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
                                      self.disable_hybrid_kv_cache_manager, self.pad_ratio)
         if self.flags_draft_groups:
-            groups = annotate_draft_groups(groups, order, self.draft_layers_trailing)
+            groups = annotate_draft_groups(groups, order, self.draft_layers_trailing,
+                                           self.draft_marked_layers)
         return groups
 
     def plan(self, groups: Sequence[KVCacheGroupSpec], memory: int) -> KVCacheConfigPlan:

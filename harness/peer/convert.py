@@ -124,8 +124,8 @@ def to_impl_spec(spec):
     _defaults_only(spec, _ATTENTION_UNSUPPORTED)
     common = _attention_geometry(spec)
     if isinstance(spec, v.MLAAttentionSpec):
-        checks_mla = {"non_causal_multi_token_decode": F.EAGLE}
-        _defaults_only(spec, checks_mla)
+        # non_causal_multi_token_decode marks a drafter's layers: grouping
+        # reads it (the sizing adapter passes the marked layers on by name).
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
         cls = ispec.HiddenStateCacheSpec if isinstance(spec, v.HiddenStateCacheSpec) else (
             ispec.MLAAttentionSpec)

@@ -28,6 +28,16 @@ class HiSparseSourceManager(FullAttentionManager):
     retains_longer_hit = True
     coordinator = None
 
+    # Host blocks are never zeroed on the device: nothing is recorded for the
+    # worker, not even a copy-on-write destination (section 16.4).
+    @property
+    def records_new_block_ids(self) -> bool:
+        return False
+
+    def take_new_block_ids(self) -> list[int]:
+        self.new_block_ids = []
+        return []
+
     def bind_host_pool(self, num_host_blocks: int) -> None:
         """From now on the group's blocks come from a host pool of its own."""
         host = self.block_pool = make_host_pool(self.block_pool, num_host_blocks,

@@ -8,7 +8,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import ADAPTER_FOR, Adapter, UnwrappingDict, register, unwrap
-from harness.peer.lacks import ImplLacks, require
+from harness.peer.lacks import ImplLacks
 from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
@@ -30,17 +30,10 @@ class _Manager(Adapter):
     def __init__(self, kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
                  scheduler_block_size=None, dcp_world_size=1, pcp_world_size=1,
                  needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
-        extra = {}
-        if needs_kv_cache_zeroing:
-            # Passed on to an impl manager that takes it (a kind that never
-            # zeroes takes it too); refused where impl has no zeroing.
-            require(_takes(self._impl_cls.__init__, "needs_kv_cache_zeroing"), F.ZEROING,
-                    "needs_kv_cache_zeroing=True")
-            extra["needs_kv_cache_zeroing"] = True
         impl = self._impl_cls(
             convert.to_impl_spec(kv_cache_spec), unwrap(block_pool), enable_caching,
             kv_cache_group_id, scheduler_block_size, dcp_world_size, pcp_world_size,
-            max_admission_blocks_per_request, **extra,
+            max_admission_blocks_per_request, needs_kv_cache_zeroing=needs_kv_cache_zeroing,
         )
         object.__setattr__(self, "_impl", impl)
 
@@ -64,12 +57,17 @@ class _Manager(Adapter):
             use_eagle, retention_interval, tuple(reachable_boundaries), dcp_world_size,
             final_segment_end_block)
 
-    def cache_blocks(self, request, num_tokens, retention_interval=None, *,
+    def cache_blocks(self, request, num_tokens, retention_interval=None,
                      replay_boundaries=()):
+        # (vLLM's replay_boundaries is keyword-only; impl's coordinator passes
+        # it by position, which a test's spy on this method passes on.)
         impl = unwrap(self)
         # Through the class: a test may have replaced the method on the object.
-        type(impl).cache_blocks(impl, convert.to_impl_request(request), num_tokens,
-                                retention_interval, tuple(replay_boundaries))
+        if convert.is_vllm_request(request):
+            # (A kind that keys nothing may be handed anything, e.g. an id.)
+            request = convert.to_impl_request(request)
+        type(impl).cache_blocks(impl, request, num_tokens, retention_interval,
+                                tuple(replay_boundaries))
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens,
                               num_prompt_tokens=None):

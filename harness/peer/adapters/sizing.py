@@ -115,6 +115,14 @@ def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
     )
 
 
+def _marking_drafts(cfg, kv_cache_specs):
+    """The layers the test's own specs mark as a drafter's (impl's specs do
+    not carry the mark: the planning config names them)."""
+    marked = frozenset(name for specs in kv_cache_specs for name, spec in specs.items()
+                       if getattr(spec, "non_causal_multi_token_decode", False))
+    return dataclasses.replace(cfg, draft_marked_layers=marked) if marked else cfg
+
+
 def _draft_groups(vllm_config) -> dict:
     """Whether vLLM's grouping flags a drafter's groups, and how it finds
     them (the speculative method's facts, read off the config)."""
@@ -242,7 +250,7 @@ def _write_back(vllm_specs: dict, impl_specs: dict) -> None:
 
 def get_kv_cache_groups(vllm_config, kv_cache_spec):
     _check_config(vllm_config)
-    cfg = planning_config(vllm_config)
+    cfg = _marking_drafts(planning_config(vllm_config), [kv_cache_spec])
     specs = convert.to_impl_specs(kv_cache_spec)
     originals = dict(kv_cache_spec)
     groups = cfg.groups(specs)
@@ -276,6 +284,9 @@ def unify_kv_cache_spec_page_size(kv_cache_spec):
 
 
 def _groups_of(kv_cache_config):
+    # impl's sizing has no rule for HiSparse's device pages (its managers do).
+    require(getattr(kv_cache_config, "hisparse_host_num_blocks", None) is None, F.HISPARSE,
+            "sizing of a KVCacheConfig with HiSparse groups")
     return [convert.to_impl_group(g) for g in kv_cache_config.kv_cache_groups]
 
 
@@ -398,7 +409,7 @@ def _project_kv_cache_groups_to_worker(global_kv_cache_groups, worker_spec):
 
 def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
     _check_config(vllm_config)
-    cfg = planning_config(vllm_config)
+    cfg = _marking_drafts(planning_config(vllm_config), kv_cache_specs)
     worker_specs = [convert.to_impl_specs(specs) for specs in kv_cache_specs]
     plans, max_model_len = iplan.get_kv_cache_configs(worker_specs, available_memory, cfg)
     # vLLM writes the fitted length into the engine's config.
