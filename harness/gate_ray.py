@@ -105,7 +105,7 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
     print(format_table(cases, against))
     for c in cases:
         if c.exit_code != ExitCode.OK:
-            print(f"\n{c.name} ({c.mode}):\n{c.report}")
+            print(f"\n{c.name}:\n{c.report}")
     if junit:
         write_junit(junit, [(c.name, c) for c in cases], seconds, against)
     if summary:

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
-from harness.cache_config import CacheConfig
+from harness.cache_config import HISPARSE_KINDS, CacheConfig
 from harness.events import (
     AddRequest,
     Allocate,
@@ -38,6 +38,10 @@ from impl.profiles import VersionProfile
 BlockIds = list[list[int]]
 _NO_HIT = (None, 0)
 POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED = -1, -2, -3, -4
+
+# Kinds whose cache_blocks keys nothing (a ring buffer, HiSparse's device-only
+# groups: the host group keys their blocks), so hold any number of blocks.
+_NEVER_KEYED = ("circular_buffer", *HISPARSE_KINDS)
 
 
 class BackendError(Exception):
@@ -172,7 +176,10 @@ class Backend(ABC):
         fails (IndexError) on tokens beyond the blocks the request holds."""
         if not self.config.enable_caching:
             return
+        groups = self.config.groups
         for g, manager in enumerate(self.manager.coordinator.single_type_managers):
+            if groups[g].kind in _NEVER_KEYED:
+                continue
             held = len(manager.req_to_blocks.get(ev.req, ()))
             full = ev.num_computed_tokens // manager.block_size
             if full > held:
