@@ -59,7 +59,7 @@ def resolve_block_hashes(block_hashes: Sequence, hash_block_size: int, block_siz
     """The hashes a group of `block_size` looks up: the raw list at the hash
     granularity (or for a fine-grained lookup, which probes inside blocks),
     else a view with one hash per block."""
-    if block_size == hash_block_size:
+    if hash_block_size == block_size:
         return block_hashes
     if isinstance(block_hashes, BlockHashListWithBlockSize):
         # Read at another granularity, its entries would name other blocks.
