@@ -59,7 +59,15 @@ def resolve_block_hashes(block_hashes: Sequence, hash_block_size: int, block_siz
     """The hashes a group of `block_size` looks up: the raw list at the hash
     granularity (or for a fine-grained lookup, which probes inside blocks),
     else a view with one hash per block."""
-    if block_size == hash_block_size or isinstance(block_hashes, BlockHashListWithBlockSize):
+    if hash_block_size == block_size:
+        return block_hashes
+    if isinstance(block_hashes, BlockHashListWithBlockSize):
+        # Read at another granularity, its entries would name other blocks.
+        if block_hashes.scale_factor * hash_block_size != block_size:
+            raise AssertionError(
+                f"hash view spans {block_hashes.scale_factor} hash blocks per entry; "
+                f"a {block_size}-token group over {hash_block_size}-token hashes needs "
+                f"{block_size / hash_block_size:g}")
         return block_hashes
     if fine_grained and fine_grained_lookup(alignment_tokens, block_size):
         return block_hashes

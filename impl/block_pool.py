@@ -18,6 +18,7 @@ from impl.block import BlockList, KVCacheBlock
 from impl.block_hash_map import BlockHashToBlockMap
 from impl.block_hash_view import resolve_block_hashes
 from impl.free_queue import FreeKVCacheBlockQueue
+from impl.kv_cache_metrics import KVCacheMetricsCollector
 from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, KVCacheEvent, KVEventBuilder
 from impl.profiles import FreeOrder, VersionProfile
 from impl.request import Request
@@ -37,6 +38,8 @@ class BlockPool:
     num_hash_lookahead_tokens: int = 0
     # Where the blocks live, as KV events say it (HiSparse's host pool: CPU).
     medium: str = MEDIUM_GPU
+    # Samples block residency (spec §16.8); None: nothing is followed.
+    metrics_collector: KVCacheMetricsCollector | None = None
 
     # What the pool is made of (HiSparse's host blocks also know their pool).
     _block_type = KVCacheBlock
@@ -236,6 +239,15 @@ class BlockPool:
         else:
             for block in taken:
                 block.ref_cnt += 1
+        metrics = self.metrics_collector
+        if metrics is not None:
+            # Per block, in hand-out order: a caching pool first ends the
+            # block's previous life (vLLM ends none without caching), then a
+            # new one may start.
+            for block in taken:
+                if self.enable_caching:
+                    metrics.on_block_evicted(block)
+                metrics.on_block_allocated(block)
         return taken
 
     def _tell_reused(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -264,7 +276,10 @@ class BlockPool:
         """One more holder for each hit block; an evictable one leaves the queue."""
         queue = self.free_block_queue
         count_null = self._count_null
+        metrics = self.metrics_collector
         for block in blocks:
+            if metrics is not None:
+                metrics.on_block_accessed(block)
             if block.is_null:
                 if count_null:
                     block.ref_cnt += 1
@@ -330,11 +345,17 @@ class BlockPool:
         for block_id in set(block_ids):
             if not 0 <= block_id < self.num_gpu_blocks:
                 raise ValueError(f"no block {block_id} in a pool of {self.num_gpu_blocks}")
-            self._announce_removed(self._detach_all(self.blocks[block_id]))
+            self._evict(self.blocks[block_id])
 
     def evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Make one block unfindable (its content is about to be replaced),
         announcing each key it loses; False when it had none."""
+        return self._evict(block)
+
+    def _evict(self, block: KVCacheBlock) -> bool:
+        # A followed block's life ends here too, keyed or not.
+        if self.metrics_collector is not None:
+            self.metrics_collector.on_block_evicted(block)
         gone = self._detach_all(block)
         self._announce_removed(gone)
         return bool(gone)
@@ -355,6 +376,8 @@ class BlockPool:
             self._tell_reused([self.blocks[i] for i in list(self._watched)])
         for block in self.blocks:
             block.block_hash = block.block_hash_num_tokens = None
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
         if self._events is not None:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

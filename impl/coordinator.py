@@ -20,6 +20,7 @@ from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.eagle import draft_group_ids, dropping_group_ids, eagle_proof_margin
 from impl.hisparse.coordinator import attach_hisparse
+from impl.kv_cache_metrics import KVCacheMetricsCollector
 from impl.kv_cache_spec import (
     AttentionSpec,
     FullAttentionSpec,
@@ -55,14 +56,16 @@ class KVCacheCoordinator:
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  scheduler_block_size: int | None = None, max_model_len: int = 1 << 30,
                  max_in_flight_tokens: int | None = None, use_eagle: bool = False,
-                 num_prefill_lookahead: int = 0, num_hash_lookahead_tokens: int = 0) -> None:
+                 num_prefill_lookahead: int = 0, num_hash_lookahead_tokens: int = 0,
+                 metrics_collector: KVCacheMetricsCollector | None = None) -> None:
         self.kv_cache_config, self.profile = kv_cache_config, profile
         self.hash_block_size, self.dcp_world_size = hash_block_size, dcp_world_size
         self.pcp_world_size = pcp_world_size
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size,
                                     enable_kv_cache_events, profile=profile,
                                     events_use_int_hashes=events_use_int_hashes,
-                                    num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+                                    num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                                    metrics_collector=metrics_collector)
         groups = kv_cache_config.kv_cache_groups
         specs = [group.kv_cache_spec for group in groups]
         self.scheduler_block_size = scheduler_block_size or (

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from impl.block import BlockList, KVCacheBlock
 from impl.coordinator import HybridKVCacheCoordinator, PerGroup, get_kv_cache_coordinator
+from impl.kv_cache_metrics import KVCacheMetricsCollector
 from impl.kv_cache_spec import AttentionSpec, CrossAttentionSpec, KVCacheConfig, MambaSpec
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
@@ -99,6 +100,9 @@ class KVCacheManager:
     # Tokens after a chunk's end that multi-module MTP writes again (§16.1):
     # the last lookahead - 1 computed tokens are not final.
     num_prefill_lookahead: int = 0
+    # Block residency sampling (spec §16.8), handed to the pool; the
+    # scheduler builds one only with KV cache metrics on.
+    metrics_collector: KVCacheMetricsCollector | None = None
 
     def __post_init__(self) -> None:
         config, profile = self.kv_cache_config, self.profile
@@ -113,7 +117,8 @@ class KVCacheManager:
             scheduler_block_size=self.scheduler_block_size, max_model_len=self.max_model_len,
             max_in_flight_tokens=self.max_in_flight_tokens, use_eagle=self.use_eagle,
             num_prefill_lookahead=self.num_prefill_lookahead,
-            num_hash_lookahead_tokens=self.num_hash_lookahead_tokens)
+            num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
+            metrics_collector=self.metrics_collector)
         self.block_pool = coordinator.block_pool
         # Junction checkpoints need EAGLE's replay points and hits inside
         # blocks; the scheduler stops chunks at junctions by this same flag.

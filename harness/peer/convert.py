@@ -326,3 +326,11 @@ def to_vllm_event(event):
     if isinstance(event, e.AllBlocksCleared):
         return v.AllBlocksCleared()
     return event
+
+
+def to_vllm_eviction_event(event):
+    """impl's block residency sample as vLLM's KVCacheEvictionEvent (the same fields)."""
+    from vllm.v1.metrics.stats import KVCacheEvictionEvent
+
+    return KVCacheEvictionEvent(**{f.name: getattr(event, f.name)
+                                   for f in dataclasses.fields(event)})

@@ -41,9 +41,6 @@ FINDINGS: dict[str, Finding] = {
         _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
     "test_non_mtp_eagle_hybrid_still_warns": Finding(
         _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
-    "test_resolve_block_hashes_rejects_mismatched_view": Finding(
-        _FAIL, "divergence: resolve_block_hashes returns a view built at another block "
-               "size unchanged; vLLM refuses it (AssertionError)"),
 }
 
 

@@ -26,11 +26,12 @@ def _entries():
     import vllm.utils.hashing as vh
     import vllm.v1.core.block_pool as vbp
     import vllm.v1.core.kv_cache_manager as vkm
+    import vllm.v1.core.kv_cache_metrics as vmet
     import vllm.v1.core.kv_cache_utils as vku
     import vllm.v1.core.single_type_kv_cache_manager as vst
     import vllm.v1.hisparse.coordinator as vhc
 
-    from harness.peer.adapters import hashing, hisparse, manager, pool, single_type, sizing
+    from harness.peer.adapters import hashing, hisparse, manager, metrics, pool, single_type, sizing
 
     pairs = [
         (vkm.KVCacheManager, manager.KVCacheManager),
@@ -41,6 +42,8 @@ def _entries():
         (vku.KVCacheBlock, pool.KVCacheBlock),
         (vst.get_manager_for_kv_cache_spec, single_type.get_manager_for_kv_cache_spec),
         (vhc.get_hisparse_coordinator, hisparse.get_hisparse_coordinator),
+        (vmet.KVCacheMetricsCollector, metrics.KVCacheMetricsCollector),
+        (vmet.BlockMetricsState, metrics.BlockMetricsState),
     ]
     for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
                  "SlidingWindowManager", "ChunkedLocalAttentionManager", "MambaManager",
@@ -117,7 +120,8 @@ class _ProxyModule(types.ModuleType):
 
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
-            "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator")
+            "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator",
+            "vllm.v1.core.kv_cache_metrics")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
+from impl.kv_cache_metrics import KVCacheMetricsCollector
 from impl.kv_events import MEDIUM_CPU, KVCacheEvent
 
 
@@ -47,10 +48,14 @@ class HostBlockPool(BlockPool):
 
 def make_host_pool(device_pool: BlockPool, num_blocks: int, enable_caching: bool) -> HostBlockPool:
     """The host pool of a manager whose blocks live on the host, built like
-    the device pool it sits next to."""
+    the device pool it sits next to (its residency sampled apart, at the
+    device pool's rate)."""
+    device_metrics = device_pool.metrics_collector
     return HostBlockPool(
         num_blocks, enable_caching, device_pool.hash_block_size,
         device_pool.enable_kv_cache_events, profile=device_pool.profile,
         events_use_int_hashes=device_pool.events_use_int_hashes, medium=MEDIUM_CPU,
         event_owner=device_pool,
+        metrics_collector=(None if device_metrics is None
+                           else KVCacheMetricsCollector(device_metrics.sample_rate)),
     )

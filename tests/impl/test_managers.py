@@ -306,3 +306,14 @@ def test_coarse_block_hash_last_or_concat():
     assert (len(last), last[0], last[1], list(concat)) == (2, b"b", b"d", [b"ab", b"cd"])
     assert resolve_block_hashes(hashes, 2, 2, CoarseBlockHash.LAST) is hashes
     assert resolve_block_hashes(hashes, 2, 4, CoarseBlockHash.LAST, True, 2) is hashes
+
+
+def test_resolve_block_hashes_takes_a_view_only_at_its_own_block_size():
+    hashes = [bytes([i]) for i in range(8)]
+    view = BlockHashListWithBlockSize(hashes, 2, 4, CoarseBlockHash.LAST)
+    assert resolve_block_hashes(view, 2, 4, CoarseBlockHash.LAST) is view
+    # Negative control: a view of 8-token blocks read for a 4-token group
+    # would name every other block; it is refused, not passed through.
+    wide = BlockHashListWithBlockSize(hashes, 2, 8, CoarseBlockHash.LAST)
+    with pytest.raises(AssertionError):
+        resolve_block_hashes(wide, 2, 4, CoarseBlockHash.LAST)

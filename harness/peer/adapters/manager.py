@@ -6,6 +6,7 @@ from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.adapters.metrics import impl_collector
 from harness.peer.lacks import Checks, NotFromImpl
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
@@ -27,7 +28,7 @@ class KVCacheManager(Adapter):
                  dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
                  enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
-            checks.require(metrics_collector is None, F.METRICS_COLLECTOR)
+            collector = checks.run(impl_collector, metrics_collector)
             config = checks.run(convert.to_impl_config, kv_cache_config)
         if watermark < 0:
             raise AssertionError("watermark must be non-negative")
@@ -48,6 +49,7 @@ class KVCacheManager(Adapter):
             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
             use_eagle=use_eagle,
             num_prefill_lookahead=num_prefill_lookahead,
+            metrics_collector=collector,
         )
         object.__setattr__(self, "_impl", impl)
         # The test's own input, as vLLM keeps it (impl keeps its converted copy).

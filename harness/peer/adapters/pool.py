@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.adapters.metrics import impl_collector
 from harness.peer.lacks import require
 from impl import block as iblock
 from impl import block_hash_map as imap
@@ -24,12 +25,12 @@ def events_use_int_hashes() -> bool:
 class BlockPool(Adapter):
     def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
                  enable_kv_cache_events=False, metrics_collector=None, medium="GPU"):
-        require(metrics_collector is None, F.METRICS_COLLECTOR, "BlockPool(metrics_collector=...)")
+        collector = impl_collector(metrics_collector)
         require(medium == "GPU", F.HISPARSE, f"BlockPool(medium={medium!r})")
         object.__setattr__(self, "_impl", ipool.BlockPool(
             num_gpu_blocks, enable_caching, hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events, profile=convert.PROFILE,
-            events_use_int_hashes=events_use_int_hashes(),
+            events_use_int_hashes=events_use_int_hashes(), metrics_collector=collector,
         ))
 
 
