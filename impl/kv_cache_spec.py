@@ -242,6 +242,9 @@ class KVCacheGroupSpec:
     host_resident: bool = False
     # Holds an EAGLE / MTP drafter's layers (specs/KV_CACHE_MANAGER.md §15).
     is_eagle_group: bool = False
+    # Part of the KV a connector moves between instances; False for copies
+    # rebuilt from another group after a load (HiSparse's resident and hot).
+    enable_kv_transfer: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,11 +184,11 @@ def to_impl_role(role):
 
 
 def to_impl_group(group):
-    # enable_kv_transfer is read by connectors only (they keep vLLM's config).
     with Checks() as checks:
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
     return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
-                                  group.host_resident, is_eagle_group=group.is_eagle_group)
+                                  group.host_resident, is_eagle_group=group.is_eagle_group,
+                                  enable_kv_transfer=group.enable_kv_transfer)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
