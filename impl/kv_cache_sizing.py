@@ -159,6 +159,13 @@ class UniformTypeKVCacheSpecs:
     def prefix_cacheable(self) -> bool:
         return all(s.prefix_cacheable for s in self.kv_cache_specs.values())
 
+    # Its layers are viewed one by one, as any spec's.
+    has_layer_views = True
+
+    @property
+    def uses_slot_mapping(self) -> bool:
+        return self.first_spec.uses_slot_mapping
+
     @property
     def kind(self) -> str:
         """What the group's events call it: its layers' one kind; if they
@@ -988,6 +995,18 @@ def max_num_blocks_per_req(
                                        mamba_cache_mode=mamba_cache_mode, **usage)
         return cdiv(usage, page_size_bytes(spec))
     return cdiv(max_len, spec.block_size)
+
+
+def needs_kv_cache_zeroing(groups: Sequence[KVCacheGroupSpec]) -> bool:
+    """Whether the worker must zero new blocks (§16.4): a state-space layer
+    reads its state before writing all of it, and a block reused across
+    device groups of different precisions would decode stale bytes."""
+    layers = [(g, s) for g in groups for s in iter_layer_specs(g.kv_cache_spec)]
+    if any(isinstance(s, MambaSpec) for _, s in layers):
+        return True
+    precisions = {(s.dtype_label, s.dtype_size, s.kv_quant_mode) for g, s in layers
+                  if isinstance(s, AttentionSpec) and not g.host_resident}
+    return len(precisions) > 1
 
 
 def pages_per_request(group: KVCacheGroupSpec, max_model_len: int, **kwargs) -> int:

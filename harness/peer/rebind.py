@@ -58,6 +58,7 @@ def _entries():
     for name in sizing.REBOUND:
         pairs.append((getattr(vku, name), getattr(sizing, name)))
     pairs.extend(sizing.spec_classes())
+    pairs.append(sizing.config_class())
     import vllm.v1.kv_cache_interface as vki
 
     for name in sizing.INTERFACE_REBOUND:

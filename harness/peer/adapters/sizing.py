@@ -283,9 +283,9 @@ def to_vllm_groups(groups, specs_by_layer, originals=None):
 def _to_vllm_config(plan, groups, vllm_config, first=None):
     """impl's plan as vLLM's KVCacheConfig (the fields impl does not plan
     are vLLM's own: copied from the config or from `first`)."""
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+    from vllm.v1.kv_cache_interface import KVCacheTensor
 
-    out = copy.copy(first) if first is not None else KVCacheConfig(
+    out = copy.copy(first) if first is not None else config_class()[1](
         num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[],
         prefix_cache_retention_interval=_field(vllm_config, "cache_config",
                                                "prefix_cache_retention_interval"))
@@ -564,6 +564,15 @@ def _spec_subclass(vllm_cls):
     def num_states(self) -> int:
         return isizing.num_states(_impl(self))
 
+    def get_num_kernel_states(self, kernel_block_size: int) -> int:
+        return isizing.num_states(_impl(self), kernel_block_size)
+
+    def has_layer_views(self) -> bool:
+        return _impl(self).has_layer_views
+
+    def uses_slot_mapping(self) -> bool:
+        return _impl(self).uses_slot_mapping
+
     attrs = {
         "__doc__": f"vLLM's {vllm_cls.__name__}, its sizing answered by impl.",
         "__module__": __name__,
@@ -571,6 +580,8 @@ def _spec_subclass(vllm_cls):
         "max_memory_usage_bytes": max_memory_usage_bytes,
         "max_num_blocks_per_req": max_num_blocks_per_req,
         "merge": classmethod(merge),
+        "has_layer_views": property(has_layer_views),
+        "uses_slot_mapping": property(uses_slot_mapping),
         "__kvconform_spec__": True,
     }
     if vllm_cls.__name__ in _HISPARSE_SPECS:
@@ -580,7 +591,8 @@ def _spec_subclass(vllm_cls):
                      unpadded_page_size_bytes=property(unpadded),
                      num_heads=property(num_heads),
                      state_content_size_bytes=property(state_content_size_bytes),
-                     num_states=property(num_states))
+                     num_states=property(num_states),
+                     get_num_kernel_states=get_num_kernel_states)
     else:
         attrs.update(real_page_size_bytes=property(unpadded))
     return type(vllm_cls.__name__, (vllm_cls,), attrs)
@@ -618,6 +630,12 @@ def _uniform_subclass(vllm_cls):
     def prefix_cacheable(self) -> bool:
         return _impl(self).prefix_cacheable
 
+    def has_layer_views(self) -> bool:
+        return _impl(self).has_layer_views
+
+    def uses_slot_mapping(self) -> bool:
+        return _impl(self).uses_slot_mapping
+
     return type(vllm_cls.__name__, (vllm_cls,), {
         "__doc__": "vLLM's UniformTypeKVCacheSpecs, its answers impl's.",
         "__module__": __name__,
@@ -629,6 +647,8 @@ def _uniform_subclass(vllm_cls):
         "max_num_blocks_per_req": max_num_blocks_per_req,
         "get_max_layers_per_page_size": get_max_layers_per_page_size,
         "prefix_cacheable": property(prefix_cacheable),
+        "has_layer_views": property(has_layer_views),
+        "uses_slot_mapping": property(uses_slot_mapping),
         "__kvconform_spec__": True,
     })
 
@@ -651,3 +671,62 @@ def spec_classes() -> list[tuple[type, type]]:
     from vllm.v1 import kv_cache_interface as v
 
     return [(getattr(v, name), cls) for name, cls in _rebound().items()]
+
+
+# -- KVCacheConfig ---------------------------------------------------------------------
+
+_CONFIG_CLASS: list[type] = []
+
+
+def _impl_config(config):
+    """The groups of `config` as impl's config (what these answers read;
+    knobs the manager input refuses do not matter here)."""
+    from impl import kv_cache_spec as ispec
+
+    groups = tuple(_groups_of(config))
+    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups,
+                               needs_kv_cache_zeroing=isizing.needs_kv_cache_zeroing(groups))
+
+
+def _config_subclass(vllm_cls):
+    def transfer_group_ids(self):
+        return _impl_config(self).transfer_group_ids
+
+    def transfer_groups(self):
+        return tuple(self.kv_cache_groups[i] for i in transfer_group_ids(self))
+
+    def transfer_group_index_by_layer(self):
+        return {name: i for i, g in enumerate(transfer_groups(self)) for name in g.layer_names}
+
+    def prefix_cacheable_group_ids(self):
+        return _impl_config(self).prefix_cacheable_group_ids
+
+    def prefix_cacheable_groups(self):
+        return tuple(self.kv_cache_groups[i] for i in prefix_cacheable_group_ids(self))
+
+    def select_transfer_block_ids(self, block_ids):
+        return _impl_config(self).select_transfer_block_ids(block_ids)
+
+    def needs_kv_cache_zeroing(self):
+        return _impl_config(self).needs_kv_cache_zeroing
+
+    return type(vllm_cls.__name__, (vllm_cls,), {
+        "__doc__": "vLLM's KVCacheConfig, its derived answers impl's.",
+        "__module__": __name__,
+        "transfer_group_ids": property(transfer_group_ids),
+        "transfer_groups": property(transfer_groups),
+        "transfer_group_index_by_layer": property(transfer_group_index_by_layer),
+        "prefix_cacheable_group_ids": property(prefix_cacheable_group_ids),
+        "prefix_cacheable_groups": property(prefix_cacheable_groups),
+        "select_transfer_block_ids": select_transfer_block_ids,
+        "needs_kv_cache_zeroing": property(needs_kv_cache_zeroing),
+    })
+
+
+def config_class() -> tuple[type, type]:
+    """(vLLM's KVCacheConfig, its rebound subclass)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    if not _CONFIG_CLASS:
+        _CONFIG_CLASS.append(_config_subclass(KVCacheConfig))
+    return KVCacheConfig, _CONFIG_CLASS[0]
