@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from impl.eagle import annotate_draft_groups
+from impl.hisparse.layout import HiSparsePlanning, hisparse_kv_cache_groups, plan_hisparse_config
 from impl.kv_cache_sizing import (
     KVCacheConfigPlan,
     UniformTypeKVCacheSpecs,
@@ -69,6 +70,8 @@ class KVCachePlanningConfig:
     # Layers whose spec marks them as a drafter's (a non-causal multi-token
     # decode): their groups are draft groups.
     draft_marked_layers: frozenset[str] = frozenset()
+    # HiSparse on (spec §14.5): its facts; None: off.
+    hisparse: HiSparsePlanning | None = None
 
     def usage(self, spec, max_model_len: int | None = None) -> int:
         """One request's bytes in a group of this spec."""
@@ -77,18 +80,36 @@ class KVCachePlanningConfig:
             self.decode_context_parallel_size, self.max_in_flight_tokens,
             self.max_num_encoder_input_tokens, self.mamba_cache_mode)
 
+    def plain_groups(self, specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+        return get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
+                                   self.disable_hybrid_kv_cache_manager, self.pad_ratio)
+
     def groups(self, specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
         order = list(specs)  # before grouping may rewrite the specs in place
-        groups = get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
-                                     self.disable_hybrid_kv_cache_manager, self.pad_ratio)
+        groups = None
+        if self.hisparse is not None and specs:
+            # Its grouping runs after the hybrid manager's promotion (if off).
+            if self.disable_hybrid_kv_cache_manager:
+                get_kv_cache_groups(specs, disable_hybrid_kv_cache_manager=True)
+            groups = hisparse_kv_cache_groups(specs, self.hisparse, self.plain_groups)
+        if groups is None:
+            groups = self.plain_groups(specs)
         if self.flags_draft_groups:
             groups = annotate_draft_groups(groups, order, self.draft_layers_trailing,
                                            self.draft_marked_layers)
         return groups
 
     def plan(self, groups: Sequence[KVCacheGroupSpec], memory: int) -> KVCacheConfigPlan:
+        if self.hisparse is not None and groups:
+            return plan_hisparse_config(groups, memory, self.max_model_len, self.hisparse,
+                                        self.kv_cache_layout, self.num_gpu_blocks_override)
         return get_kv_cache_config_from_groups(groups, memory, self.tensor_plan,
                                                self.kv_cache_layout, self.num_gpu_blocks_override)
+
+    def block_bytes(self, groups: Sequence[KVCacheGroupSpec]) -> int:
+        """Bytes one block id takes in the device pool (HiSparse's host
+        group has a pool of its own)."""
+        return bytes_per_block([g for g in groups if not g.host_resident], self.kv_cache_layout)
 
 
 # -- memory checks --------------------------------------------------------------------
@@ -142,8 +163,7 @@ def check_enough_kv_cache_memory(specs: Specs, available_memory: int,
     if not specs:
         return
     groups = config.groups(dict(specs))
-    memory = available_memory - (bytes_per_block(groups, config.kv_cache_layout)
-                                 if groups else 0)
+    memory = available_memory - (config.block_bytes(groups) if groups else 0)
     _require_memory(memory, lambda: sum(config.usage(s) for s in specs.values()),
                     config.max_model_len,
                     lambda m: estimate_max_model_len(specs, m, config))
@@ -157,15 +177,28 @@ def _groups_need(groups: Sequence[KVCacheGroupSpec], config: KVCachePlanningConf
                  length: int) -> int:
     """Bytes one request of `length` tokens takes in a worker's pool: whole
     blocks of every group, each block as wide as the pool's."""
-    if not groups:
+    device = [g for g in groups if not g.host_resident]
+    if not device:
         return 0
-    pages = sum(_group_pages(g.kv_cache_spec, config, length) for g in groups)
-    return bytes_per_block(groups, config.kv_cache_layout) * pages
+    pages = sum(_group_pages(g.kv_cache_spec, config, length) for g in device)
+    return config.block_bytes(device) * pages
+
+
+def _plannable_at(groups, memory: int, config: KVCachePlanningConfig, length: int) -> bool:
+    """HiSparse: whether its pools can be planned for requests of `length`."""
+    if config.hisparse is None:
+        return True
+    try:
+        replace(config, max_model_len=length).plan(groups, memory)
+    except ValueError:
+        return False
+    return True
 
 
 def _estimate_from_groups(groups, memory: int, config: KVCachePlanningConfig) -> int:
-    return _largest_fitting_length(lambda n: _groups_need(groups, config, n) <= memory,
-                                   config.max_model_len)
+    return _largest_fitting_length(
+        lambda n: _plannable_at(groups, memory, config, n)
+        and _groups_need(groups, config, n) <= memory, config.max_model_len)
 
 
 # -- workers --------------------------------------------------------------------------
@@ -249,13 +282,12 @@ def get_kv_cache_configs(
     per_worker = [project_kv_cache_groups_to_worker(model_groups, specs)
                   for specs in worker_specs]
     memory = list(available_memory)
-    layout = config.kv_cache_layout
     if config.num_gpu_blocks_override is not None:
         # The pool will have this many blocks whatever the memory: plan with that.
-        memory = [config.num_gpu_blocks_override * bytes_per_block(groups, layout)
+        memory = [config.num_gpu_blocks_override * config.block_bytes(groups)
                   if groups else m for groups, m in zip(per_worker, memory)]
     # One block of each pool is the null block no request can use.
-    usable = [m - bytes_per_block(groups, layout) if groups else m
+    usable = [m - config.block_bytes(groups) if groups else m
               for groups, m in zip(per_worker, memory)]
     if config.auto_fit_max_model_len and any(per_worker):
         fitted = min(_estimate_from_groups(groups, m, config)
@@ -280,8 +312,8 @@ def get_kv_cache_configs(
         if p.num_blocks != fewest:
             # Planned again for exactly the memory the fewest blocks take, so
             # strides and offsets fit the smaller allocation.
-            plans[i] = config.plan(p.kv_cache_groups,
-                                   fewest * bytes_per_block(p.kv_cache_groups, layout))
+            groups = p.kv_cache_groups
+            plans[i] = config.plan(groups, fewest * config.block_bytes(groups))
     for p in plans:
         p.kv_tp_replicas = kv_cache_groups_tp_replicas(
             p.kv_cache_groups, config.tensor_parallel_size, config.decode_context_parallel_size)

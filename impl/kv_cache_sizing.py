@@ -71,7 +71,14 @@ def state_content_size_bytes(spec: AttentionSpec) -> int:
     return (spec.head_size + spec.v_head_size) * spec.dtype_size
 
 
+def _given_page(spec: KVCacheSpec) -> int | None:
+    """The page of a HiSparse resident or hot spec, which states it outright."""
+    return getattr(spec, "page_size", None)
+
+
 def unpadded_page_size_bytes(spec: KVCacheSpec) -> int:
+    if _given_page(spec) is not None:
+        return _given_page(spec)
     if isinstance(spec, AttentionSpec):
         return num_heads(spec) * num_states(spec) * state_content_size_bytes(spec)
     if isinstance(spec, MambaSpec):
@@ -151,6 +158,13 @@ class UniformTypeKVCacheSpecs:
     @property
     def prefix_cacheable(self) -> bool:
         return all(s.prefix_cacheable for s in self.kv_cache_specs.values())
+
+    # Its layers are viewed one by one, as any spec's.
+    has_layer_views = True
+
+    @property
+    def uses_slot_mapping(self) -> bool:
+        return self.first_spec.uses_slot_mapping
 
     @property
     def kind(self) -> str:
@@ -740,6 +754,8 @@ class KVCacheTensor:
     layer_stride: int = 0
     block_stride: int = 0
     offset: int = 0
+    # In HiSparse's host pool, not the device pool.
+    host_resident: bool = False
 
 
 @dataclass(slots=True)
@@ -749,6 +765,10 @@ class KVCacheConfigPlan:
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
     # TP ranks in a row holding the same KV for every layer (1: none).
     kv_tp_replicas: int = 1
+    # HiSparse's host pool (impl/hisparse/layout.py); None / False without it.
+    hisparse_host_num_blocks: int | None = None
+    hisparse_host_block_stride: int | None = None
+    hisparse_shared_host_pool: bool = False
 
 
 def _layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
@@ -766,6 +786,10 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: str = "LBNHC") -
         return max(sum(layer_block_stride(s) for _, s in _layer_specs(g)) for g in groups)
     widest = max(sum(page_size_bytes(s) for _, s in _layer_specs(g)) for g in groups)
     step = math.lcm(*(block_stride_alignment(s) for g in groups for _, s in _layer_specs(g)))
+    # A hot region's blocks are addressed in whole pages of it (HiSparse).
+    for g in groups:
+        if getattr(g.kv_cache_spec, "blocks_per_request", None) is not None:
+            step = math.lcm(step, page_size_bytes(g.kv_cache_spec))
     return cdiv(widest, step) * step
 
 
@@ -840,6 +864,15 @@ def get_kv_cache_config_from_groups(
             by_spec[spec].extend(group.layer_names)
         offset = 0
         for spec, names in by_spec.items():
+            if _given_page(spec) is not None:
+                # HiSparse's resident / hot pages: a raw region of whole pages.
+                if not outer:
+                    raise ValueError(f"HiSparse's {type(spec).__name__} pages need blocks "
+                                     f"outermost in the KV cache layout, not {layout}")
+                page = _given_page(spec)
+                tensors.append(KVCacheTensor(size, names, page, per_block, offset))
+                offset += len(names) * page
+                continue
             stride = per_block if outer else None
             padded = layer_block_stride(spec)
             if stride is None and padded != page_size_bytes(spec):
@@ -904,6 +937,10 @@ def max_memory_usage_bytes(
         )
         return pages * page_size_bytes(spec)
     page = page_size_bytes(spec)
+    if getattr(spec, "blocks_per_request", None) is not None:
+        return spec.blocks_per_request * page  # HiSparse hot region
+    if _given_page(spec) is not None:  # HiSparse resident pages: the in-flight window
+        return spec.max_admission_blocks_per_request(in_flight, max_model_len) * page
     if isinstance(spec, CircularBufferSpec):
         return page  # one ring for the request's whole life
     if isinstance(spec, FullAttentionSpec):
@@ -945,6 +982,8 @@ def max_num_blocks_per_req(
         return widths.pop()
     if isinstance(spec, CircularBufferSpec):
         return 1
+    if getattr(spec, "blocks_per_request", None) is not None:
+        return spec.blocks_per_request
     if isinstance(spec, AttentionSpec):
         return cdiv(max_len, resolve_dcp_block_size(spec, dcp_world_size))
     if isinstance(spec, MambaSpec):
@@ -958,22 +997,48 @@ def max_num_blocks_per_req(
     return cdiv(max_len, spec.block_size)
 
 
+def needs_kv_cache_zeroing(groups: Sequence[KVCacheGroupSpec]) -> bool:
+    """Whether the worker must zero new blocks (§16.4): a state-space layer
+    reads its state before writing all of it, and a block reused across
+    device groups of different precisions would decode stale bytes."""
+    layers = [(g, s) for g in groups for s in iter_layer_specs(g.kv_cache_spec)]
+    if any(isinstance(s, MambaSpec) for _, s in layers):
+        return True
+    precisions = {(s.dtype_label, s.dtype_size, s.kv_quant_mode) for g, s in layers
+                  if isinstance(s, AttentionSpec) and not g.host_resident}
+    return len(precisions) > 1
+
+
+def pages_per_request(group: KVCacheGroupSpec, max_model_len: int, **kwargs) -> int:
+    """Blocks one request of max_model_len takes in this group."""
+    spec = group.kv_cache_spec
+    return cdiv(max_memory_usage_bytes(spec, max_model_len, **kwargs), page_size_bytes(spec))
+
+
 def get_max_concurrency(
-    groups: Sequence[KVCacheGroupSpec], num_blocks: int, max_model_len: int, **kwargs
+    groups: Sequence[KVCacheGroupSpec], num_blocks: int, max_model_len: int,
+    host_num_blocks: int | None = None, **kwargs
 ) -> float:
     """Requests of max_model_len the pool holds at once: every group draws its
-    blocks from the one pool, so a request costs the sum over groups."""
-    per_request = sum(
-        cdiv(max_memory_usage_bytes(g.kv_cache_spec, max_model_len, **kwargs),
-             page_size_bytes(g.kv_cache_spec))
-        for g in groups
-    )
-    return num_blocks / per_request
+    blocks from the one pool, so a request costs the sum over groups; groups
+    in HiSparse's host pool bound it by that pool's blocks as well."""
+    device = sum(pages_per_request(g, max_model_len, **kwargs)
+                 for g in groups if not g.host_resident)
+    host = sum(pages_per_request(g, max_model_len, **kwargs)
+               for g in groups if g.host_resident)
+    bound = num_blocks / device
+    if host:
+        if host_num_blocks is None:
+            raise AssertionError("host-resident groups but no HiSparse host pool size")
+        bound = min(bound, host_num_blocks / host)
+    return bound
 
 
 def get_kv_cache_capacity(
-    groups: Sequence[KVCacheGroupSpec], num_blocks: int, max_model_len: int, **kwargs
+    groups: Sequence[KVCacheGroupSpec], num_blocks: int, max_model_len: int,
+    host_num_blocks: int | None = None, **kwargs
 ) -> tuple[int, float]:
     """(tokens, concurrency): the group-aware token capacity vLLM logs."""
-    concurrency = get_max_concurrency(groups, num_blocks, max_model_len, **kwargs)
+    concurrency = get_max_concurrency(groups, num_blocks, max_model_len, host_num_blocks,
+                                      **kwargs)
     return int(concurrency * max_model_len), concurrency

@@ -42,6 +42,13 @@ class KVCacheSpec:
     dcp_sharded = False
     # Whether the group takes part in prefix caching at all.
     prefix_cacheable = True
+    # Whether the worker views each layer's pages through the generic
+    # [blocks, heads, states, bytes] view (False: the spec lays out its own
+    # raw region, and has no attention backend to pick a layout for).
+    has_layer_views = True
+    # Whether the worker writes a slot per token for it (False: the spec
+    # addresses its own pages).
+    uses_slot_mapping = True
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
@@ -82,6 +89,9 @@ class AttentionSpec(KVCacheSpec):
     # False: every DCP rank keeps the whole KV (a draft model beside a
     # sharded target), so a block spans only its own block size.
     dcp_sharded: bool = True
+    # Names the element type where the byte size does not tell it apart
+    # (bf16 / fp16); a label only, outside equality (§16.4 reads it).
+    dtype_label: str | None = field(default=None, compare=False)
 
     @property
     def v_head_size(self) -> int:
@@ -189,6 +199,7 @@ class CircularBufferSpec(AttentionSpec):
     request, never shared, never keyed."""
 
     prefix_cacheable = False
+    uses_slot_mapping = False  # a ring the kernel indexes itself
     # vLLM's events have no kind for it (they never name it: nothing keyed).
     kind = "unknown"
 
@@ -242,6 +253,9 @@ class KVCacheGroupSpec:
     host_resident: bool = False
     # Holds an EAGLE / MTP drafter's layers (specs/KV_CACHE_MANAGER.md §15).
     is_eagle_group: bool = False
+    # Part of the KV a connector moves between instances; False for copies
+    # rebuilt from another group after a load (HiSparse's resident and hot).
+    enable_kv_transfer: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,3 +275,22 @@ class KVCacheConfig:
     # The worker zeroes new attention blocks before use (Mamba layers or
     # mixed precisions), so managers record the ids they hand out (§16.4).
     needs_kv_cache_zeroing: bool = False
+
+    @property
+    def transfer_group_ids(self) -> tuple[int, ...]:
+        """Groups whose KV a connector moves (§16.9)."""
+        return tuple(i for i, g in enumerate(self.kv_cache_groups) if g.enable_kv_transfer)
+
+    @property
+    def prefix_cacheable_group_ids(self) -> tuple[int, ...]:
+        """Transferable groups whose blocks may be stored under their hashes."""
+        return tuple(i for i in self.transfer_group_ids
+                     if self.kv_cache_groups[i].kv_cache_spec.prefix_cacheable)
+
+    def select_transfer_block_ids(self, block_ids):
+        """A request's block ids, one list per group, cut to the transferable
+        groups' lists (the lists themselves, in group order)."""
+        if len(block_ids) != len(self.kv_cache_groups):
+            raise ValueError(f"one block id list per KV cache group is needed: "
+                             f"{len(self.kv_cache_groups)} groups, {len(block_ids)} lists")
+        return tuple(block_ids[i] for i in self.transfer_group_ids)

@@ -69,6 +69,7 @@ def _attention_geometry(spec) -> dict:
         num_kv_heads=spec.num_kv_heads,
         head_size=spec.head_size,
         dtype_size=_dtype_size(spec.dtype),
+        dtype_label=str(spec.dtype),
         page_size_padded=spec.page_size_padded,
         block_stride_alignment=_stride_alignment(spec),
         kv_quant_mode=int(spec.kv_quant_mode),
@@ -184,11 +185,11 @@ def to_impl_role(role):
 
 
 def to_impl_group(group):
-    # enable_kv_transfer is read by connectors only (they keep vLLM's config).
     with Checks() as checks:
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
     return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
-                                  group.host_resident, is_eagle_group=group.is_eagle_group)
+                                  group.host_resident, is_eagle_group=group.is_eagle_group,
+                                  enable_kv_transfer=group.enable_kv_transfer)
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
@@ -203,26 +204,8 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
         num_blocks=config.num_blocks, kv_cache_groups=groups,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         hisparse_host_num_blocks=config.hisparse_host_num_blocks,
-        needs_kv_cache_zeroing=_zeroes_new_blocks(config))
-
-
-def _zeroes_new_blocks(config) -> bool:
-    """vLLM's config says so through a property of its own code (counted as
-    a vLLM answer); the same from its fields: state-space layers, or device
-    attention caches of more than one precision."""
-    from vllm.v1 import kv_cache_interface as v
-
-    def layer_specs(spec):
-        if isinstance(spec, v.UniformTypeKVCacheSpecs):
-            return list(spec.kv_cache_specs.values())
-        return [spec]
-
-    specs = [(g, s) for g in config.kv_cache_groups for s in layer_specs(g.kv_cache_spec)]
-    if any(isinstance(s, v.MambaSpec) for _, s in specs):
-        return True
-    precisions = {(s.dtype, s.kv_quant_mode) for g, s in specs
-                  if isinstance(s, v.AttentionSpec) and not g.host_resident}
-    return len(precisions) > 1
+        # vLLM's config answers it by a property of its own: impl's rule here.
+        needs_kv_cache_zeroing=isizing.needs_kv_cache_zeroing(groups))
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:

@@ -61,10 +61,15 @@ def _entries():
     for name in sizing.REBOUND:
         pairs.append((getattr(vku, name), getattr(sizing, name)))
     pairs.extend(sizing.spec_classes())
+    pairs.append(sizing.config_class())
     import vllm.v1.kv_cache_interface as vki
 
     for name in sizing.INTERFACE_REBOUND:
         pairs.append((getattr(vki, name), getattr(sizing, name)))
+    import vllm.v1.hisparse.layout as vhl
+
+    for name in sizing.HISPARSE_LAYOUT_REBOUND:
+        pairs.append((getattr(vhl, name), getattr(sizing, name)))
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     import impl.mamba_checkpoint as imc
 
@@ -121,7 +126,20 @@ class _ProxyModule(types.ModuleType):
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
             "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator",
-            "vllm.v1.core.kv_cache_metrics")
+            "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout")
+
+
+def proxied_override(module_name: str, name: str):
+    """What a test set on the proxy of `module_name` under `name` (e.g. a
+    monkeypatched vLLM helper), None when nothing was."""
+    module = _proxies.get(module_name)
+    if module is None:
+        return None
+    value = module.__dict__.get(name)
+    # monkeypatch's undo writes vLLM's own object back onto the proxy.
+    if value is getattr(module.__dict__["_kvconform_real"], name, None):
+        return None
+    return value
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:

@@ -19,6 +19,7 @@ class HiSparseResidentSpec(KVCacheSpec):
     page_size: int
 
     prefix_cacheable = False
+    has_layer_views = False  # a raw region of pages, copied whole
 
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
                                          max_model_len: int) -> int:
@@ -35,6 +36,8 @@ class HiSparseHotSpec(KVCacheSpec):
     blocks_per_request: int
 
     prefix_cacheable = False
+    has_layer_views = False  # gathered rows, laid out by the kernel
+    uses_slot_mapping = False
 
 
 # KV events call both kinds unknown (vLLM's KVCacheSpecKind has no name for

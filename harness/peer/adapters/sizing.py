@@ -20,11 +20,10 @@ import copy
 import dataclasses
 
 from harness.peer import convert
-from harness.peer import features as F
-from harness.peer.lacks import require
 from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
+from impl.hisparse import layout as ilayout
 
 REBOUND = (
     "get_kv_cache_groups",
@@ -47,13 +46,18 @@ REBOUND = (
 # kv_cache_interface's module functions rebound too.
 INTERFACE_REBOUND = ("get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window",
                      "iter_layer_specs", "is_full_attention_spec")
+# vllm.v1.hisparse.layout's functions rebound too.
+HISPARSE_LAYOUT_REBOUND = ("get_hisparse_kv_cache_groups", "create_hisparse_layout",
+                           "get_hisparse_steady_state_concurrency")
 
 # vLLM spec classes rebound to subclasses whose sizing answers are impl's.
 SPEC_CLASSES = (
     "FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec", "SlidingWindowSpec",
     "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "MambaSpec", "SlidingWindowMLASpec",
     "HiddenStateCacheSpec", "RSWASpec", "CircularBufferSpec", "UniformTypeKVCacheSpecs",
+    "HiSparseResidentSpec", "HiSparseHotSpec",
 )
+_HISPARSE_SPECS = ("HiSparseResidentSpec", "HiSparseHotSpec")
 
 # -- reading a VllmConfig --------------------------------------------------------------
 
@@ -85,8 +89,53 @@ def _layout(vllm_config) -> str | None:
 
 
 def _check_config(vllm_config) -> None:
-    hisparse = _field(vllm_config, "attention_config", "hisparse_config")
-    require(not hisparse, F.HISPARSE, "attention_config.hisparse_config")
+    """Nothing refused today: kept as the one place a config is checked."""
+
+
+def _host_pool_bytes(vllm_config) -> int | None:
+    """HiSparse's host budget as vLLM reads it; a test may monkeypatch
+    vLLM's reader on the kv_cache_utils module it sees (the proxy)."""
+    from harness.peer import rebind
+
+    patched = rebind.proxied_override("vllm.v1.core.kv_cache_utils",
+                                      "get_hisparse_host_pool_bytes")
+    if patched is not None:
+        return patched(vllm_config)
+    from vllm.config.kv_transfer import hisparse_host_pool_gib
+
+    gib = hisparse_host_pool_gib(_field(vllm_config, "kv_transfer_config"))
+    return None if gib is None else int(gib * 2**30)
+
+
+def _shared_host_pool(vllm_config) -> bool:
+    from vllm.v1.hisparse import runtime
+
+    parallel = _field(vllm_config, "parallel_config")
+    tp = getattr(parallel, "tensor_parallel_size", 1)
+    if tp <= 1:
+        return False  # no peer rank to share with (the rest is not read)
+    return ilayout.uses_shared_host_pool(
+        cuda_alike=runtime.current_platform.is_cuda_alike(), tensor_parallel_size=tp,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        prefill_context_parallel_size=parallel.prefill_context_parallel_size,
+        decode_context_parallel_size=parallel.decode_context_parallel_size,
+        world_size=parallel.world_size,
+        distributed_executor_backend=parallel.distributed_executor_backend,
+        nnodes_within_dp=parallel.nnodes_within_dp)
+
+
+def _hisparse(vllm_config) -> ilayout.HiSparsePlanning | None:
+    config = _field(vllm_config, "attention_config", "hisparse_config")
+    if config is None:
+        return None
+    from vllm.v1.attention.backend import max_decode_query_len
+
+    return ilayout.HiSparsePlanning(
+        index_topk=vllm_config.model_config.hf_config.index_topk,
+        device_buffer_size=config.device_buffer_size,
+        max_decode_query_len=max_decode_query_len(vllm_config),
+        host_pool_bytes=_host_pool_bytes(vllm_config),
+        shared_host_pool=_shared_host_pool(vllm_config))
 
 
 def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
@@ -111,6 +160,7 @@ def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
         pad_pages=convert.PROFILE.unify_pads_pages,
         pad_ratio=convert.PROFILE.uniform_group_pad_ratio,
         tensor_plan=convert.PROFILE.kv_cache_tensor_plan,
+        hisparse=_hisparse(vllm_config),
         **_draft_groups(vllm_config),
     )
 
@@ -175,7 +225,7 @@ def to_vllm_spec(spec, template):
     cls = rebound_class(type(spec).__name__)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     values = {f.name: getattr(template, f.name) for f in dataclasses.fields(template)
-              if f.init and f.name in names}
+              if f.init and f.name in names} if template is not None else {}
     for f in dataclasses.fields(spec):
         if f.name in names and f.name not in _FROM_TEMPLATE:
             value = getattr(spec, f.name)
@@ -193,6 +243,9 @@ def _group_template(group, specs_by_layer):
         return rebound_class("UniformTypeKVCacheSpecs")(
             block_size=group.kv_cache_spec.block_size,
             kv_cache_specs={n: specs_by_layer[n] for n in group.kv_cache_spec.kv_cache_specs})
+    if type(group.kv_cache_spec).__name__ in _HISPARSE_SPECS:
+        # Derived by HiSparse's grouping: the model may not report them.
+        return specs_by_layer.get(group.layer_names[0])
     if group.layer_names:
         return specs_by_layer[group.layer_names[0]]
     # A worker's share of a group may be no layer: a layer of the model whose
@@ -203,39 +256,50 @@ def _group_template(group, specs_by_layer):
                      if type(s).__name__ == type(group.kv_cache_spec).__name__))
 
 
+def to_vllm_group(group, spec):
+    """impl's group as vLLM's KVCacheGroupSpec, its spec already converted."""
+    from vllm.v1.kv_cache_interface import KVCacheGroupRole, KVCacheGroupSpec
+
+    role = KVCacheGroupRole(group.role.value) if group.role is not None else (
+        KVCacheGroupRole.DEFAULT)
+    return KVCacheGroupSpec(list(group.layer_names), spec, is_eagle_group=group.is_eagle_group,
+                            host_resident=group.host_resident,
+                            enable_kv_transfer=group.enable_kv_transfer, role=role)
+
+
 def to_vllm_groups(groups, specs_by_layer, originals=None):
     """impl's groups as vLLM's KVCacheGroupSpecs; `originals`: the vLLM
     groups impl's were made of, kept where impl kept them."""
-    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
-
     out = []
     for i, g in enumerate(groups):
         if originals is not None:
             template = originals[i].kv_cache_spec
         else:
             template = _group_template(g, specs_by_layer)
-        out.append(KVCacheGroupSpec(list(g.layer_names),
-                                    to_vllm_spec(g.kv_cache_spec, template),
-                                    is_eagle_group=g.is_eagle_group))
+        out.append(to_vllm_group(g, to_vllm_spec(g.kv_cache_spec, template)))
     return out
 
 
 def _to_vllm_config(plan, groups, vllm_config, first=None):
     """impl's plan as vLLM's KVCacheConfig (the fields impl does not plan
     are vLLM's own: copied from the config or from `first`)."""
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+    from vllm.v1.kv_cache_interface import KVCacheTensor
 
-    out = copy.copy(first) if first is not None else KVCacheConfig(
+    out = copy.copy(first) if first is not None else config_class()[1](
         num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[],
         prefix_cache_retention_interval=_field(vllm_config, "cache_config",
                                                "prefix_cache_retention_interval"))
     out.num_blocks = plan.num_blocks
     out.kv_cache_tensors = [KVCacheTensor(size=t.size, layers=list(t.layers),
                                           layer_stride=t.layer_stride,
-                                          block_stride=t.block_stride, offset=t.offset)
+                                          block_stride=t.block_stride, offset=t.offset,
+                                          host_resident=t.host_resident)
                             for t in plan.kv_cache_tensors]
     out.kv_cache_groups = groups
     out.kv_tp_replicas = plan.kv_tp_replicas
+    out.hisparse_host_num_blocks = plan.hisparse_host_num_blocks
+    out.hisparse_host_block_stride = plan.hisparse_host_block_stride
+    out.hisparse_shared_host_pool = plan.hisparse_shared_host_pool
     return out
 
 
@@ -270,7 +334,9 @@ def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memo
     _check_config(vllm_config)
     plan = planning_config(vllm_config).plan(
         [convert.to_impl_group(g) for g in kv_cache_groups], available_memory)
-    return _to_vllm_config(plan, list(kv_cache_groups), vllm_config)
+    # impl lists HiSparse's host group first, as vLLM does; the groups are the caller's.
+    ordered = sorted(kv_cache_groups, key=lambda g: not g.host_resident)
+    return _to_vllm_config(plan, ordered, vllm_config)
 
 
 def is_kv_cache_spec_uniform(kv_cache_spec) -> bool:
@@ -284,22 +350,60 @@ def unify_kv_cache_spec_page_size(kv_cache_spec):
 
 
 def _groups_of(kv_cache_config):
-    # impl's sizing has no rule for HiSparse's device pages (its managers do).
-    require(getattr(kv_cache_config, "hisparse_host_num_blocks", None) is None, F.HISPARSE,
-            "sizing of a KVCacheConfig with HiSparse groups")
     return [convert.to_impl_group(g) for g in kv_cache_config.kv_cache_groups]
 
 
 def get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config) -> float:
     return isizing.get_max_concurrency(
         _groups_of(kv_cache_config), kv_cache_config.num_blocks,
-        planning_config(vllm_config).max_model_len, **_usage_args(vllm_config))
+        planning_config(vllm_config).max_model_len, kv_cache_config.hisparse_host_num_blocks,
+        **_usage_args(vllm_config))
 
 
 def get_kv_cache_capacity(vllm_config, kv_cache_config):
     return isizing.get_kv_cache_capacity(
         _groups_of(kv_cache_config), kv_cache_config.num_blocks,
-        planning_config(vllm_config).max_model_len, **_usage_args(vllm_config))
+        planning_config(vllm_config).max_model_len, kv_cache_config.hisparse_host_num_blocks,
+        **_usage_args(vllm_config))
+
+
+# -- vllm.v1.hisparse.layout ---------------------------------------------------------------
+
+
+def get_hisparse_kv_cache_groups(vllm_config, kv_cache_spec):
+    cfg = planning_config(vllm_config)
+    if cfg.hisparse is None:
+        return None
+    groups = ilayout.hisparse_kv_cache_groups(convert.to_impl_specs(kv_cache_spec),
+                                              cfg.hisparse, cfg.plain_groups)
+    return None if groups is None else to_vllm_groups(groups, dict(kv_cache_spec))
+
+
+def create_hisparse_layout(vllm_config, groups, host_budget):
+    from vllm.v1.hisparse.layout import HiSparseLayout
+
+    cfg = planning_config(vllm_config)
+    impl_groups = [convert.to_impl_group(g) for g in groups]
+    pools = ilayout.plan_host_pool(impl_groups, cfg.max_model_len, host_budget,
+                                   cfg.hisparse.shared_host_pool)
+    # The caller's own group objects, split as impl split them.
+    by_id = {id(i): g for i, g in zip(impl_groups, groups)}
+    return HiSparseLayout(source_group=by_id[id(pools.source_group)],
+                          device_groups=[by_id[id(g)] for g in pools.device_groups],
+                          host_num_blocks=pools.host_num_blocks,
+                          host_block_stride=pools.host_block_stride,
+                          shared_host_pool=pools.shared_host_pool)
+
+
+def get_hisparse_steady_state_concurrency(vllm_config, kv_cache_config) -> float:
+    if kv_cache_config.hisparse_host_num_blocks is None:
+        raise AssertionError("a HiSparse config without a host pool size")
+    max_model_len = planning_config(vllm_config).max_model_len
+    usage = _usage_args(vllm_config)
+    return ilayout.steady_state_concurrency(
+        _groups_of(kv_cache_config), kv_cache_config.num_blocks,
+        kv_cache_config.hisparse_host_num_blocks,
+        lambda g: isizing.pages_per_request(g, max_model_len, **usage))
 
 
 def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
@@ -369,6 +473,7 @@ def kv_cache_groups_tp_replicas(groups, tp_size, dcp_size=1):
 def _to_impl_plan(kv_cache_config):
     plan = isizing.KVCacheConfigPlan(kv_cache_config.num_blocks, [], _groups_of(kv_cache_config))
     plan.kv_tp_replicas = kv_cache_config.kv_tp_replicas
+    plan.hisparse_host_num_blocks = kv_cache_config.hisparse_host_num_blocks
     return plan
 
 
@@ -459,6 +564,15 @@ def _spec_subclass(vllm_cls):
     def num_states(self) -> int:
         return isizing.num_states(_impl(self))
 
+    def get_num_kernel_states(self, kernel_block_size: int) -> int:
+        return isizing.num_states(_impl(self), kernel_block_size)
+
+    def has_layer_views(self) -> bool:
+        return _impl(self).has_layer_views
+
+    def uses_slot_mapping(self) -> bool:
+        return _impl(self).uses_slot_mapping
+
     attrs = {
         "__doc__": f"vLLM's {vllm_cls.__name__}, its sizing answered by impl.",
         "__module__": __name__,
@@ -466,14 +580,19 @@ def _spec_subclass(vllm_cls):
         "max_memory_usage_bytes": max_memory_usage_bytes,
         "max_num_blocks_per_req": max_num_blocks_per_req,
         "merge": classmethod(merge),
+        "has_layer_views": property(has_layer_views),
+        "uses_slot_mapping": property(uses_slot_mapping),
         "__kvconform_spec__": True,
     }
-    if vllm_cls.__name__ != "MambaSpec":
+    if vllm_cls.__name__ in _HISPARSE_SPECS:
+        pass  # a page given outright: no grid to ask about
+    elif vllm_cls.__name__ != "MambaSpec":
         attrs.update(real_page_size_bytes=property(unpadded),
                      unpadded_page_size_bytes=property(unpadded),
                      num_heads=property(num_heads),
                      state_content_size_bytes=property(state_content_size_bytes),
-                     num_states=property(num_states))
+                     num_states=property(num_states),
+                     get_num_kernel_states=get_num_kernel_states)
     else:
         attrs.update(real_page_size_bytes=property(unpadded))
     return type(vllm_cls.__name__, (vllm_cls,), attrs)
@@ -511,6 +630,12 @@ def _uniform_subclass(vllm_cls):
     def prefix_cacheable(self) -> bool:
         return _impl(self).prefix_cacheable
 
+    def has_layer_views(self) -> bool:
+        return _impl(self).has_layer_views
+
+    def uses_slot_mapping(self) -> bool:
+        return _impl(self).uses_slot_mapping
+
     return type(vllm_cls.__name__, (vllm_cls,), {
         "__doc__": "vLLM's UniformTypeKVCacheSpecs, its answers impl's.",
         "__module__": __name__,
@@ -522,6 +647,8 @@ def _uniform_subclass(vllm_cls):
         "max_num_blocks_per_req": max_num_blocks_per_req,
         "get_max_layers_per_page_size": get_max_layers_per_page_size,
         "prefix_cacheable": property(prefix_cacheable),
+        "has_layer_views": property(has_layer_views),
+        "uses_slot_mapping": property(uses_slot_mapping),
         "__kvconform_spec__": True,
     })
 
@@ -544,3 +671,62 @@ def spec_classes() -> list[tuple[type, type]]:
     from vllm.v1 import kv_cache_interface as v
 
     return [(getattr(v, name), cls) for name, cls in _rebound().items()]
+
+
+# -- KVCacheConfig ---------------------------------------------------------------------
+
+_CONFIG_CLASS: list[type] = []
+
+
+def _impl_config(config):
+    """The groups of `config` as impl's config (what these answers read;
+    knobs the manager input refuses do not matter here)."""
+    from impl import kv_cache_spec as ispec
+
+    groups = tuple(_groups_of(config))
+    return ispec.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups,
+                               needs_kv_cache_zeroing=isizing.needs_kv_cache_zeroing(groups))
+
+
+def _config_subclass(vllm_cls):
+    def transfer_group_ids(self):
+        return _impl_config(self).transfer_group_ids
+
+    def transfer_groups(self):
+        return tuple(self.kv_cache_groups[i] for i in transfer_group_ids(self))
+
+    def transfer_group_index_by_layer(self):
+        return {name: i for i, g in enumerate(transfer_groups(self)) for name in g.layer_names}
+
+    def prefix_cacheable_group_ids(self):
+        return _impl_config(self).prefix_cacheable_group_ids
+
+    def prefix_cacheable_groups(self):
+        return tuple(self.kv_cache_groups[i] for i in prefix_cacheable_group_ids(self))
+
+    def select_transfer_block_ids(self, block_ids):
+        return _impl_config(self).select_transfer_block_ids(block_ids)
+
+    def needs_kv_cache_zeroing(self):
+        return _impl_config(self).needs_kv_cache_zeroing
+
+    return type(vllm_cls.__name__, (vllm_cls,), {
+        "__doc__": "vLLM's KVCacheConfig, its derived answers impl's.",
+        "__module__": __name__,
+        "transfer_group_ids": property(transfer_group_ids),
+        "transfer_groups": property(transfer_groups),
+        "transfer_group_index_by_layer": property(transfer_group_index_by_layer),
+        "prefix_cacheable_group_ids": property(prefix_cacheable_group_ids),
+        "prefix_cacheable_groups": property(prefix_cacheable_groups),
+        "select_transfer_block_ids": select_transfer_block_ids,
+        "needs_kv_cache_zeroing": property(needs_kv_cache_zeroing),
+    })
+
+
+def config_class() -> tuple[type, type]:
+    """(vLLM's KVCacheConfig, its rebound subclass)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    if not _CONFIG_CLASS:
+        _CONFIG_CLASS.append(_config_subclass(KVCacheConfig))
+    return KVCacheConfig, _CONFIG_CLASS[0]
