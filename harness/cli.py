@@ -202,7 +202,7 @@ def _fuzz_on_ray(args: argparse.Namespace, profile, configs: dict) -> int:
     from harness.fuzz.distributed import fuzz_on_ray, kind_configs
     from harness.ray_cluster import close_pool, open_pool
 
-    configs = configs or kind_configs()
+    configs = configs or kind_configs(profile)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

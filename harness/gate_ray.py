@@ -96,7 +96,7 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
             from harness.fuzz.distributed import fuzz_on_ray, kind_configs
 
             r = fuzz_on_ray(pool, profile.name, fuzz_seconds, fuzz_seed, fuzz_out,
-                            kind_configs())
+                            kind_configs(profile))
             cases.append(_fuzz_row(r, fuzz_seed, fuzz_seconds))
     finally:
         close_pool(pool)

@@ -223,11 +223,13 @@ def pytest_collection_modifyitems(session, config, items):
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+        from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 
         fuzz_items = []
         for kind, seed, seconds in fuzz_slices(opts.kvconform_fuzz_seconds,
-                                               opts.kvconform_fuzz_seed):
+                                               opts.kvconform_fuzz_seed,
+                                               installed_vllm_profile()):
             item = FuzzItem.from_parent(session, name=f"fuzz[{kind},seed={seed}]")
             item.kind, item.seed, item.seconds = kind, seed, seconds
             fuzz_items.append(item)

@@ -64,6 +64,13 @@ def template_supported(kind: str, profile) -> bool:
     return all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(kind, ()))
 
 
+def kinds_supported(kinds, profile) -> bool:
+    """Whether a fuzz config drawing from `kinds` fits the release of
+    `profile` (a kind config for a feature the release lacks is left out of
+    its campaigns, rather than fail on the first call)."""
+    return all(template_supported(k, profile) for k in kinds)
+
+
 def templates_for(profile) -> tuple[str, ...]:
     """The templates whose groups the release of `profile` has."""
     return tuple(t for t in TEMPLATES if template_supported(t, profile))

@@ -31,7 +31,6 @@ from harness.fuzz.campaign import CampaignTotals, fuzz
 from harness.fuzz.generate import FuzzConfig
 from harness.ray_cluster import Failed, WorkerPool
 
-KIND_CONFIGS = os.path.join(os.path.dirname(__file__), "kind_configs")
 # Cases per unit (a fraction of a second): long enough that dispatching and
 # merging results costs the driver next to nothing (on a small machine the
 # driver shares the CPUs with the workers), short enough to spread a small
@@ -115,17 +114,16 @@ class RayCampaignResult(CampaignTotals):
         return worst(codes)
 
 
-def kind_configs() -> dict[str, FuzzConfig]:
+def kind_configs(profile=None) -> dict[str, FuzzConfig]:
     """harness/fuzz/kind_configs/: one config per attention kind or hybrid
-    (all.yaml, every kind at once, left out: each kind has its own)."""
-    import yaml
+    (all.yaml, every kind at once, left out: each kind has its own); with a
+    profile, those its release has the groups of."""
+    from harness.fuzz.configs import kinds_supported
+    from harness.fuzz.slices import kind_names, load_kind_config
 
-    out = {}
-    for name in sorted(os.listdir(KIND_CONFIGS)):
-        if name.endswith(".yaml") and name != "all.yaml":
-            with open(os.path.join(KIND_CONFIGS, name)) as f:
-                out[name.removesuffix(".yaml")] = FuzzConfig.from_dict(yaml.safe_load(f) or {})
-    return out
+    configs = {name: load_kind_config(name) for name in kind_names()}
+    return {name: fc for name, fc in configs.items()
+            if profile is None or kinds_supported(fc.kinds, profile)}
 
 
 def signature(failure: Failure) -> tuple:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
@@ -115,16 +114,6 @@ def _what(like) -> str:
     if isinstance(like, int) and not isinstance(like, bool):
         return "a positive integer"
     return f"a {type(like).__name__}"
-
-
-KIND_CONFIGS = Path(__file__).resolve().parent / "kind_configs"
-
-
-def kind_config(kind: str) -> FuzzConfig:
-    """The fuzz config of one kind (harness/fuzz/kind_configs/KIND.yaml)."""
-    import yaml
-
-    return FuzzConfig.from_dict(yaml.safe_load((KIND_CONFIGS / f"{kind}.yaml").read_text()) or {})
 
 
 # Knobs only some releases have (profile.hash_lookahead_tokens,

@@ -31,10 +31,14 @@ def load_kind_config(name: str) -> FuzzConfig:
         return FuzzConfig.from_dict(yaml.safe_load(f) or {})
 
 
-def fuzz_slices(seconds: float, seed: int, seeds_per_kind: int = SEEDS_PER_KIND
-                ) -> list[tuple[str, int, float]]:
-    """(kind config, seed, seconds) for every slice of a `seconds` budget."""
-    kinds = kind_names()
+def fuzz_slices(seconds: float, seed: int, profile=None,
+                seeds_per_kind: int = SEEDS_PER_KIND) -> list[tuple[str, int, float]]:
+    """(kind config, seed, seconds) for every slice of a `seconds` budget;
+    with a profile, only the kind configs its release has the groups of."""
+    from harness.fuzz.configs import kinds_supported
+
+    kinds = [k for k in kind_names()
+             if profile is None or kinds_supported(load_kind_config(k).kinds, profile)]
     pairs = [(kind, seed + i) for kind in kinds for i in range(seeds_per_kind)]
     share = seconds / len(pairs)
     return [(kind, s, share) for kind, s in pairs]

@@ -9,7 +9,8 @@ import collections
 import pytest
 
 from harness.fuzz.campaign import case_rng, run_case
-from harness.fuzz.generate import draw_case, kind_config
+from harness.fuzz.generate import draw_case
+from harness.fuzz.slices import load_kind_config as kind_config
 from harness.report import format_failure
 from impl.profiles import get_profile
 
