@@ -53,7 +53,8 @@ TEMPLATE_NEEDS = {
     "rswa": ("rswa_groups",),
     "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
     "mamba_checkpoints": ("mamba_prefill_checkpoints",),
-    "retention": ("prefix_cache_retention",),
+    # Its Mamba groups reserve prefill checkpoint blocks too (0.32+).
+    "retention": ("prefix_cache_retention", "mamba_prefill_checkpoints"),
     "hisparse": ("hisparse",),
     # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
     **{t: ("eagle_drop_groups",) for t in EAGLE_TEMPLATES},
