@@ -310,11 +310,8 @@ class Backend(ABC):
             raise BackendError(f"vLLM rejects this: request '{req}' is running "
                                f"({request.num_computed_tokens} computed tokens); only waiting "
                                "requests are looked up")
-        if max_cache_hit_length is None:
-            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(request)
-        else:
-            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
-                request, max_cache_hit_length)
+        blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
+            request, max_cache_hit_length)
         self._pending_hit[req] = (blocks, hit_tokens)
         # The scheduler keeps the lookup's shared-prefix boundary on the
         # request (sparse retention keeps a checkpoint there).

@@ -148,7 +148,7 @@ def test_a_call_vllm_rejects_is_one_line_exit_2_and_the_run_goes_on(tmp_path, ca
 def _impl_raises_at_lookup(monkeypatch):
     from harness.backends.impl_backend import ImplBackend
 
-    def boom(self, request):
+    def boom(self, request, max_cache_hit_length=None):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(ImplBackend, "_get_computed_blocks", boom)
