@@ -12,6 +12,12 @@ backend rejects (vLLM raises on it) is bad input: one line `file:line: field:
 vLLM rejects this: ...`, exit 2, unless the trace recorded an answer for it
 (then the backend diverges from the vLLM that answered).
 
+A trace is first run in batches (lockstep.run_batch: each backend runs a
+batch of events in turn, every answer checked after the batch). A batch that
+fails anywhere sends the whole trace through again, event by event from fresh
+backends, to find the failure and report it exactly as it happened; a trace
+that passes is never run twice.
+
 On the first divergence the trace is run again up to the event before it, to
 observe the context a report needs (the blocks involved before and after, the
 earlier events that touched the same request or blocks); the hot path keeps no
@@ -32,7 +38,7 @@ from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_pro
 from harness.diff import Failure, FailureKind, check_expected, first_difference
 from harness.events import Event, EvictBlocks
 from harness.exit_codes import ExitCode
-from harness.lockstep import run_event
+from harness.lockstep import run_batch, run_event
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
 from harness.trace.rules import random_none_hash
@@ -43,6 +49,9 @@ RECORDED = "recorded"
 EXPECTED = "expected"
 # How many earlier related events a divergence report shows.
 RELATED_EVENTS = 8
+# Events per batch: long enough for a backend's code to stay warm, short
+# enough that a batch's records are few (the reader streams).
+BATCH = 64
 
 
 @dataclass(slots=True)
@@ -227,7 +236,19 @@ def check_trace(
         _start(backends)
         t_run = time.perf_counter()
         try:
-            n = _run(trace, backends, outcome, writer, bar)
+            # Observing or recording needs each answer as it comes.
+            n = None if writer is not None or outcome.traffic is not None else _run_batched(
+                trace, backends, bar)
+            if n is None:
+                if outcome.traffic is None and writer is None:
+                    # A batch failed: find the failure event by event.
+                    trace = open_trace(path)
+                    backends = _build(path, trace, backend_names, check_invariants)
+                    _start(backends)
+                    if bar is not None:
+                        bar.close()
+                        bar = _progress(trace)
+                n = _run(trace, backends, outcome, writer, bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -271,6 +292,51 @@ def _progress(trace: Trace):
     from harness.progress import Progress
 
     return Progress(trace.size, trace.path, unit="bytes", delay=1.0)
+
+
+def _run_batched(trace: Trace, backends: list[Backend], bar) -> int | None:
+    """The events through run_batch, each answer checked against the trace's
+    recorded answer and expectations after its batch: the number of events
+    when every check passed, None at the first batch with a failure."""
+    reference, others = backends[0], tuple(backends[1:])
+    records = iter(trace.records)
+    n = 0
+    last_bytes = 0
+    while True:
+        batch, bad_input = _next_batch(records)
+        if batch:
+            answers = run_batch([r.event for r in batch], reference, others)
+            if answers is None:
+                return None
+            for record, answer in zip(batch, answers):
+                recorded, expect = record.answer, record.expect
+                if recorded is not None and recorded != answer:
+                    return None
+                if expect is not None and check_expected(answer, expect) is not None:
+                    return None
+            n += len(batch)
+            if bar is not None and n % 4096 < BATCH:
+                done = trace.bytes_read()
+                bar.update(done - last_bytes)
+                last_bytes = done
+        if bad_input is not None:
+            # Only now: a failure in the events before the bad line comes first.
+            raise bad_input
+        if len(batch) < BATCH:
+            return n
+
+
+def _next_batch(records) -> tuple[list[TraceRecord], TraceError | None]:
+    """Up to BATCH records, and the reader's error if it met bad input."""
+    batch: list[TraceRecord] = []
+    try:
+        for record in records:
+            batch.append(record)
+            if len(batch) == BATCH:
+                break
+    except TraceError as e:
+        return batch, e
+    return batch, None
 
 
 def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,

@@ -96,7 +96,7 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
     except BaseException:
         f.close()
         raise
-    records = _Records(path, header, _jsonl_objects(path, f, len(first)), jsonl=True)
+    records = _Records(path, header, _JsonlLines(path, f), jsonl=True)
     return Trace(path, header, _profile(path, header, any_version), records,
                  os.path.getsize(path))
 
@@ -179,25 +179,22 @@ def _parse_header(path: str, raw: bytes) -> TraceHeader:
 
 
 class _JsonlLines:
-    """(line number, raw bytes) for each later non-blank line; counts bytes read."""
+    """The lines after the header: the open file, read by _Records; knows how
+    many bytes have been read (the file's own position, so that reading a
+    line costs nothing more)."""
 
-    def __init__(self, path: str, f, offset: int) -> None:
-        self.path, self.f, self.bytes_read = path, f, offset
+    def __init__(self, path: str, f) -> None:
+        self.path, self.f = path, f
+        self._end: int | None = None
 
-    def __iter__(self):
-        f = self.f
-        try:
-            for line_no, raw in enumerate(f, 2):
-                self.bytes_read += len(raw)
-                if raw.isspace():
-                    continue  # blank lines are allowed
-                yield line_no, raw
-        finally:
-            f.close()
+    @property
+    def bytes_read(self) -> int:
+        return self.f.tell() if self._end is None else self._end
 
-
-def _jsonl_objects(path: str, f, offset: int) -> _JsonlLines:
-    return _JsonlLines(path, f, offset)
+    def close(self) -> None:
+        if self._end is None:
+            self._end = self.f.tell()
+            self.f.close()
 
 
 def _load_yaml(path: str) -> tuple[TraceHeader, list[tuple[int, object]]]:
@@ -259,7 +256,7 @@ class _Records:
     def __init__(self, path: str, header: TraceHeader, objects, jsonl: bool) -> None:
         self.path = path
         self.header = header
-        # JSON Lines: (line, raw bytes); YAML: (line, object, answer line, expect line).
+        # JSON Lines: the open file (_JsonlLines); YAML: (line, object, answer line, expect line).
         self.objects = objects
         self.jsonl = jsonl
         cache = header.cache
@@ -290,24 +287,31 @@ class _Records:
         to_builtins = msgspec.to_builtins
         check_context = self._check_context
         check_rules = self.rules.check
-        for line_no, raw in self.objects:
-            # The typed step; anything it refuses is read again the plain way.
-            try:
-                s = decode(raw)
-                _, check, convert = table[s.__class__]
-                if check is not None and not check(s):
-                    raise ValueError(check)
-                event = convert(s)
-            except (msgspec.MsgspecError, RecursionError, KeyError, ValueError, TypeError):
-                yield self._from_object(line_no, _decode_line(path, line_no, raw), None, None)
-                continue
-            answer = s.answer
-            answer = None if answer is unset else to_builtins(answer)
-            check_context(line_no, event, answer)
-            check_rules(line_no, event)
-            expect, note = s.expect, s.note
-            yield TraceRecord(line_no, event, answer, None if expect is unset else expect,
-                              None if note is unset else note)
+        lines = self.objects
+        try:
+            for line_no, raw in enumerate(lines.f, 2):
+                if raw.isspace():
+                    continue  # blank lines are allowed
+                # The typed step; anything it refuses is read again the plain way.
+                try:
+                    s = decode(raw)
+                    _, check, convert = table[s.__class__]
+                    if check is not None and not check(s):
+                        raise ValueError(check)
+                    event = convert(s)
+                except (msgspec.MsgspecError, RecursionError, KeyError, ValueError, TypeError):
+                    yield self._from_object(line_no, _decode_line(path, line_no, raw), None,
+                                            None)
+                    continue
+                answer = s.answer
+                answer = None if answer is unset else to_builtins(answer)
+                check_context(line_no, event, answer)
+                check_rules(line_no, event)
+                expect, note = s.expect, s.note
+                yield TraceRecord(line_no, event, answer, None if expect is unset else expect,
+                                  None if note is unset else note)
+        finally:
+            lines.close()
 
     def _from_object(self, line_no: int, obj, answer_line, expect_line) -> TraceRecord:
         """The plain way: the schema's validator names what is wrong."""

@@ -9,7 +9,7 @@ from harness.backends.impl_backend import ImplBackend
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.diff import Failure, FailureKind
 from harness.events import AddRequest, Allocate, Lookup, Step
-from harness.lockstep import run_event, run_lockstep
+from harness.lockstep import run_batch, run_event, run_lockstep
 from harness.report import format_failure
 from harness.workload import SchedulerWorkload, WorkloadSpec
 from impl.invariants import InvariantViolation
@@ -109,3 +109,22 @@ def test_a_broken_backend_in_a_workload_is_caught(monkeypatch):
     f = result.failure
     assert f is not None and f.kind is FailureKind.DIVERGED and f.event.kind == "allocate"
     assert f.field == "block_ids[0][0]"
+
+
+def test_a_batch_gives_the_answers_of_event_by_event_and_none_at_any_failure():
+    """run_batch may only say 'all passed': any raise or difference is None
+    (the caller then finds the failure with run_event)."""
+    events = [AddRequest("a", [1, 2, 3, 4, 5]), Step(), Lookup("a"), Allocate("a", 5)]
+    a, b = ImplBackend(CONFIG, P), ImplBackend(CONFIG, P)
+    single = ImplBackend(CONFIG, P)
+    one_by_one = [run_event(e, single, ()) for e in events]
+    assert run_batch(events, a, (b,)) == one_by_one
+    answer = {"hit_tokens": 0, "block_ids": [[]]}
+    assert run_batch([EVENT] * 3, Fake("vllm", answer), (Fake("impl", dict(answer)),)) == [
+        answer] * 3
+    # Negative controls: a difference, a raise in either backend.
+    assert run_batch([EVENT], Fake("vllm", answer), (Fake("impl", {"hit_tokens": 4}),)) is None
+    assert run_batch([EVENT], Fake("vllm", answer), (Fake("impl", IndexError()),)) is None
+    assert run_batch([EVENT], Fake("vllm", InvariantViolation("x")), ()) is None
+    with pytest.raises(KeyboardInterrupt):
+        run_batch([EVENT], Fake("vllm", KeyboardInterrupt()), ())

@@ -198,3 +198,96 @@ def test_an_invariant_violation_is_a_divergence_of_its_own_kind(monkeypatch):
     assert o.divergence.index == 0
     assert format_failure(o.divergence).startswith(f"{EXAMPLE}:")
     assert "invariant violated at event #0 (add_request)" in format_failure(o.divergence)
+
+
+def _workload_trace(path: Path, num_requests: int = 6) -> list[dict]:
+    """A recorded scheduler-workload trace; its event lines as dicts."""
+    from harness.backends.impl_backend import ImplBackend
+    from harness.cache_config import CacheConfig, GroupConfig
+    from harness.trace import TraceWriter
+    from harness.trace.codec import TraceHeader
+    from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+    from impl.profiles import get_profile
+
+    profile, config = get_profile("0.32"), CacheConfig(num_blocks=24, groups=(GroupConfig(16),))
+    backend = ImplBackend(config, profile)
+    spec = WorkloadSpec(seed=5, block_size=16, num_requests=num_requests)
+    with TraceWriter(str(path), TraceHeader("0.32.0", "scheduler", config, "t")) as w:
+        for event, answer in drive(SchedulerWorkload(spec, profile, config.num_blocks).events(),
+                                   backend.run):
+            w.write(event, answer)
+    return [json.loads(line) for line in path.read_text().splitlines()[1:]]
+
+
+def _rewrite(path: Path, events: list[dict]) -> None:
+    header = path.read_text().splitlines()[0]
+    path.write_text(header + "\n" + "".join(json.dumps(e) + "\n" for e in events))
+
+
+def _edit_allocation_after(events: list[dict], start: int) -> int:
+    """Changes the first allocation's answer from event `start` on; its index."""
+    for i in range(start, len(events)):
+        ids = events[i].get("answer", {}).get("block_ids")
+        if events[i]["op"] == "allocate" and ids and ids[0]:
+            ids[0][0] += 1 if ids[0][0] == 1 else -1  # another id of the pool
+            return i
+    raise AssertionError("no allocation to edit")
+
+
+def test_a_failure_inside_a_batch_is_reported_as_event_by_event(tmp_path):
+    """The batched run only proves a pass: a failure in the middle of a batch
+    is reported from backends that stopped at it, as the event-by-event run
+    (observe) reports it."""
+    from harness import replay
+    from harness.backends.impl_backend import ImplBackend
+    from harness.lockstep import run_lockstep
+
+    path = tmp_path / "w.jsonl"
+    events = _workload_trace(path)
+    # An allocation inside a batch whose request is freed later in that batch:
+    # the rest of the batch changes the blocks the report shows.
+    def end(k: int) -> int:
+        return (k // replay.BATCH + 1) * replay.BATCH
+
+    i = next(k for k in range(1, len(events)) if events[k]["op"] == "allocate"
+             and k % replay.BATCH and events[k].get("answer", {}).get("block_ids", [[]])[0]
+             and any(e["op"] == "free" and e["req"] == events[k]["req"]
+                     for e in events[k + 1:end(k)]))
+    assert _edit_allocation_after(events, i) == i
+    _rewrite(path, events)
+    batched, stepped = check_trace(str(path), ["impl"]), check_trace(str(path), ["impl"],
+                                                                      observe=True)
+    assert batched.exit_code == stepped.exit_code == 1
+    assert batched.num_events == stepped.num_events == i + 1
+    assert (batched.divergence.line, batched.divergence.field) == (i + 2, "block_ids[0][0]")
+    assert batched.divergence.answers == stepped.divergence.answers
+    assert batched.context == stepped.context
+    # The backend's state after the diverging event, as a fresh run to it has
+    # it; the rest of its batch would change it (this test would see that).
+    trace = open_trace(str(path))
+    records = list(trace.records)
+    fresh = ImplBackend(trace.header.cache, trace.profile)
+    run_lockstep([r.event for r in records[:i + 1]], [fresh])
+    blocks = batched.context.involved_blocks
+    assert batched.context.after["impl"] == [fresh.block_state(b) for b in blocks]
+    run_lockstep([r.event for r in records[i + 1:end(i)]], [fresh])
+    assert batched.context.after["impl"] != [fresh.block_state(b) for b in blocks]
+
+
+def test_bad_input_after_a_divergence_in_the_same_batch_comes_second(tmp_path):
+    """The reader's error is held until the events before it ran: the earlier
+    divergence is what the run reports; alone, the bad line is exit 2."""
+    from harness import replay
+
+    path = tmp_path / "w.jsonl"
+    events = _workload_trace(path)
+    bad = replay.BATCH + 40
+    events[bad] = {"op": "no_such_op"}
+    _rewrite(path, events)
+    o = check_trace(str(path), ["impl"])
+    assert o.exit_code == 2 and o.error.line == bad + 2 and o.error.field == "op"
+    i = _edit_allocation_after(events, replay.BATCH + 1)
+    assert i < bad
+    _rewrite(path, events)
+    o = check_trace(str(path), ["impl"])
+    assert o.exit_code == 1 and o.divergence.line == i + 2 and o.error is None
