@@ -237,10 +237,10 @@ def check_trace(
         t_run = time.perf_counter()
         try:
             # Observing or recording needs each answer as it comes.
-            n = None if writer is not None or outcome.traffic is not None else _run_batched(
-                trace, backends, bar)
+            batched = writer is None and outcome.traffic is None
+            n = _run_batched(trace, backends, bar) if batched else None
             if n is None:
-                if outcome.traffic is None and writer is None:
+                if batched:
                     # A batch failed: find the failure event by event.
                     trace = open_trace(path)
                     backends = _build(path, trace, backend_names, check_invariants)
@@ -301,7 +301,6 @@ def _run_batched(trace: Trace, backends: list[Backend], bar) -> int | None:
     reference, others = backends[0], tuple(backends[1:])
     records = iter(trace.records)
     n = 0
-    last_bytes = 0
     while True:
         batch, bad_input = _next_batch(records)
         if batch:
@@ -315,10 +314,8 @@ def _run_batched(trace: Trace, backends: list[Backend], bar) -> int | None:
                 if expect is not None and check_expected(answer, expect) is not None:
                     return None
             n += len(batch)
-            if bar is not None and n % 4096 < BATCH:
-                done = trace.bytes_read()
-                bar.update(done - last_bytes)
-                last_bytes = done
+            if bar is not None:
+                bar.update(trace.bytes_read() - bar.n)
         if bad_input is not None:
             # Only now: a failure in the events before the bad line comes first.
             raise bad_input

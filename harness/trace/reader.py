@@ -96,7 +96,7 @@ def open_trace(path: str, any_version: bool = False) -> Trace:
     except BaseException:
         f.close()
         raise
-    records = _Records(path, header, _JsonlLines(path, f), jsonl=True)
+    records = _Records(path, header, _JsonlLines(f), jsonl=True)
     return Trace(path, header, _profile(path, header, any_version), records,
                  os.path.getsize(path))
 
@@ -183,8 +183,8 @@ class _JsonlLines:
     many bytes have been read (the file's own position, so that reading a
     line costs nothing more)."""
 
-    def __init__(self, path: str, f) -> None:
-        self.path, self.f = path, f
+    def __init__(self, f) -> None:
+        self.f = f
         self._end: int | None = None
 
     @property
