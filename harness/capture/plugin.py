@@ -21,10 +21,11 @@ Settings (environment):
   KVCONFORM_CAPTURE_DESCRIPTION the header's `description` (the session's name is added)
 
 What is on disk when (harness/capture/segments.py): a finished request before
-its answer leaves the engine, everything else within half a second; at
-SIGINT/SIGTERM in the engine-core process everything at once, the part under
-its final name, and every later call as it happens (vLLM's default
-`--shutdown-timeout 0` kills the engine core right after SIGTERM); at the
+its answer leaves the engine, everything else within half a second; at a stop
+request from `kvconform capture serve` (made before it passes a Ctrl-C or
+SIGTERM on to the server), and at SIGINT/SIGTERM in the engine-core process
+when the handler gets to run before vLLM's SIGKILL, everything at once, the
+part under its final name, and every later call as it happens; at the
 scheduler's shutdown or process exit the part is closed.
 
 The recorder is lenient here: whatever it cannot record ends the trace (with a

@@ -27,6 +27,13 @@ default `--shutdown-timeout 0` kills the engine core right after SIGTERM):
   part to its final name at once and writes every later line synchronously,
   so whatever vLLM does before it is killed is on disk, and a session stopped
   with Ctrl-C joins without --include-partial.
+- A stop request: a file `stop-requested` in the session folder (what
+  `kvconform capture serve` writes before it passes a Ctrl-C or SIGTERM on to
+  the server). The timer thread sees it within `flush_seconds` and does what
+  `stopping()` does, then deletes the file: its absence is the answer. Unlike
+  a signal, it needs neither the main thread nor a head start on vLLM's
+  SIGKILL, which under `--shutdown-timeout 0` follows the engine core's
+  SIGTERM within microseconds.
 - `close()` (scheduler shutdown, process exit): flush, fsync, final name.
 
 A part still named `.partial` therefore means its server died without a
@@ -46,6 +53,7 @@ from harness.trace.codec import TraceHeader, header_to_dict
 
 PART_SUFFIX = ".kvpart"
 PARTIAL = ".partial"
+STOP_REQUEST = "stop-requested"
 FLUSH_SECONDS = 0.5
 # Queued in place of a line: the part ends here and the next one begins.
 _ROTATE = None
@@ -160,6 +168,7 @@ class SegmentWriter:
         self._finish_part()
         self._closed = True
         self._wake.set()
+        self._answer_stop_request()
 
     def _acquire(self) -> bool:
         if self._holder == threading.get_ident():
@@ -182,8 +191,18 @@ class SegmentWriter:
             self._lock.release()
 
     def _run_timer(self, seconds: float) -> None:
+        request = self.folder / STOP_REQUEST
         while not self._wake.wait(seconds):
-            self.flush()
+            if request.exists():
+                self.stopping()  # answers the request once it has run
+            else:
+                self.flush()
+
+    def _answer_stop_request(self) -> None:
+        try:
+            os.unlink(self.folder / STOP_REQUEST)
+        except FileNotFoundError:
+            pass
 
     # -- the file (under the lock) ----------------------------------------------------
 
@@ -218,11 +237,14 @@ class SegmentWriter:
         del pending[:n]
 
     def _stopping_locked(self) -> None:
+        if os.getpid() != self._owner:
+            return
         self._write_pending()
         if self._fd is not None and not self._final_name:
             os.replace(f"{self._part_path()}{PARTIAL}", self._part_path())
             self._final_name = True
         self._sync = True  # and a part opened from now on gets its final name at once
+        self._answer_stop_request()
 
     def _finish_part(self) -> None:
         fd, self._fd = self._fd, None
@@ -239,6 +261,14 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def request_stop(session: str) -> Path:
+    """Ask the session's writer to do what `stopping()` does; the file it
+    returns is deleted once that has run."""
+    request = Path(session) / STOP_REQUEST
+    request.touch()
+    return request
 
 
 def sessions(folder: str) -> list[str]:

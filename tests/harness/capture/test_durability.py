@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.capture.join import join
+from harness.capture.join import JoinError, join
 from harness.capture.segments import PARTIAL, part_name, sessions
 from harness.replay import check_trace
 
@@ -77,6 +77,37 @@ for _ in range(steps):
 print(json.dumps({"events": recorder.sink.num_events, "freed": freed,
                   "running": sorted(live)}), flush=True)
 time.sleep(3600)
+"""
+
+# A server as vLLM's --shutdown-timeout 0 leaves it at its worst: it records N
+# events into a session named as the plugin names one, says so, idles, and
+# dies at once at any stop signal, before any handler could close its part.
+# With argv[3] == "deaf" its writer's timer never runs (an engine core too
+# busy to answer a stop request).
+SERVER = """
+import os, signal, sys, time
+from harness.cache_config import CacheConfig, GroupConfig
+from harness.capture.segments import SegmentWriter
+from harness.trace.codec import TraceHeader
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
+session = os.path.join(sys.argv[1], time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-0")
+w = SegmentWriter(session, TraceHeader("0.32.0", "production",
+                  CacheConfig(8, (GroupConfig(4),))),
+                  flush_seconds=3600 if sys.argv[3] == "deaf" else 0.5)
+for _ in range(int(sys.argv[2])):
+    w.write({"op": "step"})
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+# `kvconform capture serve`'s supervision around any server command.
+SUPERVISOR = """
+import sys
+from harness.capture.serve import supervise
+print("exit", supervise(sys.argv[3:], None, sys.argv[1], wait_s=float(sys.argv[2])), flush=True)
 """
 
 
@@ -151,3 +182,89 @@ def test_after_sigkill_at_most_the_last_second_is_lost_and_join_says_so(
     assert "requests never freed" in told
     o = check_trace(str(out), ["vllm", "impl"])
     assert o.exit_code == 0 and o.truncated and "--repair" in o.truncated
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen) -> None:
+    for _ in range(1200):  # bounded by count; a loaded machine may take minutes
+        if text in path.read_text():
+            return
+        assert proc.poll() is None, path.read_text()
+        time.sleep(0.1)
+    pytest.fail(f"{text!r} never appeared in {path}:\n{path.read_text()}")
+
+
+def _supervised(tmp_path, events: int, stop, deaf: bool = False) -> tuple[str, str]:
+    """The supervisor running SERVER in a session of its own (a terminal's
+    foreground process group), stopped by `stop(proc, stderr_path)` once the
+    server is ready; what it printed on stdout and stderr."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="0")
+    err, out = tmp_path / "supervisor.err", tmp_path / "supervisor.out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, str(tmp_path / "capture"), "120",
+         sys.executable, "-c", SERVER, str(tmp_path / "capture"), str(events),
+         "deaf" if deaf else "-"],
+        env=env, stdout=out.open("w"), stderr=err.open("w"), start_new_session=True)
+    try:
+        _wait_for(out, "ready", proc)
+        stop(proc, err)
+        assert proc.wait(timeout=600) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out.read_text(), err.read_text()
+
+
+def _ctrl_c(proc, _err):
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def _sigterm(proc, _err):
+    proc.send_signal(signal.SIGTERM)
+
+
+def _sigterm_twice(proc, err):
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(err, "closing the capture of 1 engine core(s)", proc)
+    proc.send_signal(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm])
+def test_capture_serve_closes_the_part_before_the_server_hears_the_signal(tmp_path, stop):
+    """Ctrl-C (SIGINT to the terminal's process group) or a supervisor's
+    SIGTERM to `capture serve`: the part is closed under its name, everything
+    in it, although the server dies the moment the signal reaches it."""
+    out, err = _supervised(tmp_path, 37, stop)
+    assert "closing the capture of 1 engine core(s)" in err and "did not answer" not in err
+    assert out.splitlines()[-1] == f"exit {-signal.SIGKILL}"  # it died at the signal
+    (session,) = sessions(str(tmp_path / "capture"))
+    assert sorted(p.name for p in Path(session).iterdir()) == [part_name(0)]
+    report = join(session, str(tmp_path / "t.jsonl"))  # no flags: the part was closed
+    assert report.num_events == 37 and not report.cut
+
+
+def test_without_capture_serve_the_same_server_leaves_its_part_partial(tmp_path):
+    """The negative control: the same server, the signal sent to it directly."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="0")
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path), "37", "-"],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _line(proc).strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=600) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+    (session,) = sessions(str(tmp_path))
+    assert sorted(p.name for p in Path(session).iterdir()) == [part_name(0) + PARTIAL]
+    with pytest.raises(JoinError, match="never closed"):
+        join(session, str(tmp_path / "t.jsonl"))
+
+
+def test_a_session_that_does_not_answer_is_named_and_a_second_signal_stops_the_wait(tmp_path):
+    out, err = _supervised(tmp_path, 5, _sigterm_twice, deaf=True)
+    (session,) = sessions(str(tmp_path / "capture"))
+    assert f"{session} did not answer its stop request" in err
+    assert out.splitlines()[-1] == f"exit {-signal.SIGKILL}"
+    assert sorted(p.name for p in Path(session).iterdir()) == [part_name(0) + PARTIAL,
+                                                               "stop-requested"]

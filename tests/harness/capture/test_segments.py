@@ -8,7 +8,7 @@ import pytest
 
 from harness.cache_config import CacheConfig, GroupConfig
 from harness.capture.join import JoinError, join
-from harness.capture.segments import PARTIAL, SegmentWriter, part_name
+from harness.capture.segments import PARTIAL, SegmentWriter, part_name, request_stop
 from harness.capture.sinks import JsonlSink
 from harness.replay import check_trace
 from harness.trace.codec import TraceHeader
@@ -197,3 +197,40 @@ def test_a_forked_child_writes_nothing(tmp_path):
     os.waitpid(pid, 0)
     w.close()
     assert _lines(_part(tmp_path / "s", 0))[1:] == ['{"op":"step"}']
+
+
+def test_a_stop_request_closes_the_part_from_the_timer_and_is_answered(tmp_path):
+    """`kvconform capture serve` asks with a file before it passes a Ctrl-C
+    on: the timer thread names the part, writes every later line at once and
+    deletes the file (its answer). Without a request nothing changes."""
+    folder = tmp_path / "s"
+    w = SegmentWriter(str(folder), HEADER, flush_seconds=0.05)
+    events = _events(10)
+    for e in events[:6]:
+        w.write(e)
+    for _ in range(100):  # the timer has written the lines; no request, so still .partial
+        if _part(folder, 0, partial=True).exists() and len(_lines(_part(folder, 0, True))) == 7:
+            break
+        time.sleep(0.05)
+    assert sorted(p.name for p in folder.iterdir()) == [part_name(0) + PARTIAL]
+    request = request_stop(str(folder))
+    for _ in range(400):  # bounded by count: a loaded machine may be slow
+        if not request.exists():
+            break
+        time.sleep(0.05)
+    assert not request.exists()
+    assert sorted(p.name for p in folder.iterdir()) == [part_name(0)]
+    w.write(events[6])  # written at once: no flush, no close
+    assert len(_lines(_part(folder, 0))) == 8
+    for e in events[7:]:
+        w.write(e)
+    assert join(str(folder), str(tmp_path / "j.jsonl")).num_events == 10
+    w.close()
+
+
+def test_close_answers_a_stop_request(tmp_path):
+    w = SegmentWriter(str(tmp_path / "s"), HEADER, flush_seconds=3600)
+    w.write({"op": "step"})
+    request = request_stop(str(tmp_path / "s"))
+    w.close()
+    assert not request.exists() and _part(tmp_path / "s", 0).exists()

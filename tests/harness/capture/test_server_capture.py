@@ -9,8 +9,10 @@ conformant on vLLM and impl, and the subscriber recorded every batch.
 One server start for the module (1-4 minutes on a loaded 2-core machine):
 every limit below is for a hung process only."""
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.capture.join import join
+from harness.capture.join import JoinError, join
 from harness.capture.segments import sessions
 from harness.capture.tiny_model import TinyModel
 from harness.replay import check_trace
@@ -53,6 +55,23 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, limit_s: float) -> N
             break
         time.sleep(0.5)
     pytest.fail(f"{text!r} never appeared in {log}:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def _kill_a_hung_server(server_log: Path) -> None:
+    """`capture serve` runs the server in a process group of its own: a hung
+    one outlives `capture serve` killed."""
+    found = re.search(r"server pid (\d+)", server_log.read_text(errors="replace"))
+    if found:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(found[1]), signal.SIGKILL)
+
+
+def _join(session: str, out: Path, server_log: str):
+    """A plain join; if it fails, the server's log says why."""
+    try:
+        return join(session, str(out))
+    except JoinError as e:
+        pytest.fail(f"{e}\nthe server's log ends:\n{server_log[-6000:]}")
 
 
 def _complete(port: int, i: int) -> str:
@@ -117,6 +136,7 @@ def stopped_server(tmp_path_factory):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        _kill_a_hung_server(server_log)
     return tmp, answered, server_log.read_text(errors="replace"), kv_log.read_text(
         errors="replace"), subscriber.returncode
 
@@ -125,9 +145,12 @@ def test_after_ctrl_c_every_answered_request_is_in_the_trace_and_it_conforms(sto
     tmp, answered, server_log, _, _ = stopped_server
     assert len(answered) == NUM_REQUESTS
     assert "kvconform capture: recording into" in server_log  # a sign of life
+    # Ctrl-C reached `capture serve`, which closed the capture, then the server.
+    assert "closing the capture of 1 engine core(s)" in server_log, server_log[-4000:]
+    assert "did not answer" not in server_log, server_log[-4000:]
     (session,) = sessions(str(tmp / "capture"))
     out = tmp / "trace.jsonl"
-    report = join(session, str(out))  # no --include-partial: the part was closed
+    report = _join(session, out, server_log)  # no --include-partial: the part was closed
     assert not report.cut and not report.never_freed
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     added = [x["req"] for x in lines[1:] if x["op"] == "add_request"]
@@ -143,7 +166,7 @@ def test_after_ctrl_c_every_answered_request_is_in_the_trace_and_it_conforms(sto
 
 
 def test_the_kv_event_subscriber_on_loopback_recorded_every_batch(stopped_server):
-    tmp, _, _, kv_log, code = stopped_server
+    tmp, _, server_log, kv_log, code = stopped_server
     assert code == 0, kv_log
     assert "listening on tcp://127.0.0.1:" in kv_log
     stream = [json.loads(x) for x in (tmp / "kv.kvstream").read_text().splitlines()]
@@ -154,7 +177,7 @@ def test_the_kv_event_subscriber_on_loopback_recorded_every_batch(stopped_server
     assert o.exit_code == 0, o.divergence
     # The server's own trace drained the same events, in the same order.
     (session,) = sessions(str(tmp / "capture"))
-    join(session, str(tmp / "trace-for-events.jsonl"))
+    _join(session, tmp / "trace-for-events.jsonl", server_log)
     plugin_trace = [json.loads(x) for x in
                     (tmp / "trace-for-events.jsonl").read_text().splitlines()[1:]]
     drained = [e for x in plugin_trace if x["op"] == "checkpoint" and "events" in x["answer"]
