@@ -55,7 +55,7 @@ def _alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, but not ours to signal
     return True
 
 
@@ -68,10 +68,10 @@ def new_sessions(capture_dir: str, before: set[str]) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and str(p) not in before)
 
 
-def close_sessions(sessions: list[Path], signals: list[int], wait_s: float) -> list[Path]:
-    """Ask each session to close and wait for the answers; returns the sessions
-    that did not answer. A signal arriving meanwhile (`signals` grows) ends the
-    wait: the user asked again."""
+def close_sessions(sessions: list[Path], signals: list[int], wait_s: float) -> None:
+    """Ask each session to close and wait for the answers, naming those that
+    give none. A signal arriving meanwhile (`signals` grows) ends the wait:
+    the user asked again."""
     asked = len(signals)
     waiting = []
     for s in sessions:
@@ -91,7 +91,6 @@ def close_sessions(sessions: list[Path], signals: list[int], wait_s: float) -> l
         time.sleep(_POLL_S)
     for s in waiting:
         _say(f"{s} did not answer its stop request; its last part may stay .partial")
-    return waiting
 
 
 def supervise(command: list[str], env: dict[str, str], capture_dir: str,
