@@ -54,14 +54,14 @@ def test_ray_fuzz_one_worker_vs_two(benchmark, tmp_path):
     each: the machine is shared, and its load moves). Each campaign is the
     `kvconform fuzz --ray` command a user runs, in its own process, as the
     Ray tests run it (a driver connected from inside pytest could stall)."""
-    from harness.ray_cluster import local_head
+    from harness.fuzz.ray_cluster import local_head
 
     rates: dict[int, tuple] = {}
     with local_head(num_cpus=2) as head:
         for i in range(RAY_ROUNDS):
             for workers in (1, 2):
                 done = subprocess.run(
-                    [sys.executable, "-m", "harness.cli", "fuzz", "--ray", head.address,
+                    [sys.executable, "-m", "harness.cli.main", "fuzz", "--ray", head.address,
                      "--workers", str(workers), "--seconds", str(RAY_SECONDS), "--seed", "1",
                      "--out", str(tmp_path / f"{workers}-{i}")],
                     capture_output=True, text=True, timeout=1800, cwd=ROOT)

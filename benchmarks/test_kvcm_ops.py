@@ -11,9 +11,9 @@ import pytest
 
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.vllm_backend import VllmBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import Checkpoint
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import Checkpoint
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 P = get_profile("0.32")

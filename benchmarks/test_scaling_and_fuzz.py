@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import Checkpoint
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import Checkpoint
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 P = get_profile("0.32")
@@ -126,7 +126,7 @@ def test_diff_cost_per_event_at_pool_size(benchmark, checked_events, invariants)
     best of 3 rounds per pool size, sizes interleaved; must not grow with the
     pool (bound: 1.5x the smallest pool's), with or without impl's invariant
     checker."""
-    from harness.replay import check_trace
+    from harness.sources.replay import check_trace
 
     paths = {n: _pool_trace(checked_events, n) for n in POOL_SIZES}
     best = {n: float("inf") for n in POOL_SIZES}

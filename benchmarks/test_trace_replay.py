@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.replay import check_trace
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.sources.replay import check_trace
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
 from harness.trace import TraceWriter
 from harness.trace.codec import TraceHeader
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 P = get_profile("0.32")
@@ -119,7 +119,7 @@ def test_replay_and_diff_against_their_bounds(benchmark):
 # carry over the parent's peak across fork + exec.
 _CHILD = """
 import json, sys
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 o = check_trace(sys.argv[1], ["impl"])
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 print(json.dumps({"exit": o.exit_code, "events": o.num_events, "seconds": o.run_seconds,
@@ -154,7 +154,7 @@ def test_event_step_overhead(benchmark):
     allocates nothing when the answers agree, so the ratio stays near 1."""
     import time
 
-    from harness.lockstep import run_lockstep
+    from harness.backends.lockstep import run_lockstep
 
     events = [r.event for r in open_trace_records(workload_trace(100_000))]
 

@@ -77,7 +77,7 @@ if ARGS is not None:
 
 import torch  # noqa: E402
 
-from harness.exit_codes import ExitCode  # noqa: E402
+from harness.core.exit_codes import ExitCode  # noqa: E402
 
 BYTES_TOKENS = 1 << 18  # decode: sequences x length held constant (256k tokens)
 PREFILL_ROWS_CHECKED = 256

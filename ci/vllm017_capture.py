@@ -7,8 +7,8 @@ overlay, `ci/vllm-overlay.sh 0.17.1`), for the golden v0.17 traces. Not run by C
 
 import sys
 
-from harness.cli_support import Parser, fail, run_verb
-from harness.exit_codes import ExitCode
+from harness.cli.support import Parser, fail, run_verb
+from harness.core.exit_codes import ExitCode
 
 
 def main() -> int:
@@ -17,8 +17,8 @@ def main() -> int:
     if not vllm.__version__.startswith("0.17."):
         return fail(f"vLLM {vllm.__version__} is imported, not 0.17.x "
                     "(PYTHONPATH=.vllm-0.17.1; ci/vllm-overlay.sh 0.17.1)", ExitCode.ENVIRONMENT)
-    from harness.capture.cli import register
     from harness.capture.overlay_platform import use_cpu_platform_without_kernels
+    from harness.cli.capture import register
 
     use_cpu_platform_without_kernels()
     parser = Parser(prog="kvconform")

@@ -36,7 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.exit_codes import ExitCode  # noqa: E402
+from harness.core.exit_codes import ExitCode  # noqa: E402
 
 OPS = ("triton_unified_attention.py", "triton_reshape_and_cache_flash.py",
        "triton_attention_helpers.py")

@@ -22,7 +22,7 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig
+from harness.core.cache_config import CacheConfig
 from impl.profiles import get_profile
 
 

@@ -17,7 +17,7 @@ of the recorded layer's group is then compared too).
 
 It stops at the first divergence, naming the step, the trace line of the
 request's allocation, the check, and the request, position, head and dim of
-the worst element. The outcome's exit code (harness/exit_codes.py): OK,
+the worst element. The outcome's exit code (harness/core/exit_codes.py): OK,
 DIVERGED, BAD_INPUT (no `model` header, a bad sidecar, an unknown dtype) or
 ENVIRONMENT (vLLM's ops missing, or failing on a layer vLLM declares it
 serves). A layer vLLM declares it does not serve is compared with the
@@ -55,7 +55,7 @@ from harness.attention.seeded import (
 from harness.attention.sidecar import RecordedTensors, SidecarError
 from harness.attention.steps import ATTENTION_KINDS, StepBatch, iter_batches
 from harness.attention.tolerances import dtype_name, torch_dtype
-from harness.exit_codes import ExitCode
+from harness.core.exit_codes import ExitCode
 from harness.trace import TraceError, open_trace
 from impl.attention_batch import ScheduledRequest, build_attention_batch
 from impl.kv_cache_tensors import KVCacheLayout

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from harness.attention.seeded import PrefixHasher, request_seed
 from harness.backends.impl_backend import ImplBackend
-from harness.events import (
+from harness.core.events import (
     AddRequest,
     Allocate,
     AppendTokens,

@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
-from harness.cache_config import HISPARSE_KINDS, CacheConfig
-from harness.events import (
+from harness.core.cache_config import HISPARSE_KINDS, CacheConfig
+from harness.core.events import (
     AddRequest,
     Allocate,
     AppendTokens,

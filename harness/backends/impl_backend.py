@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from harness.backends.base import Backend, BackendError, BlockIds, kv_event_json
-from harness.cache_config import CacheConfig
-from harness.events import AddRequest, Allocate
+from harness.core.cache_config import CacheConfig
+from harness.core.events import AddRequest, Allocate
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.hisparse.coordinator import get_hisparse_coordinator
 from impl.invariants import InvariantChecker, InvariantViolation

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.vllm_releases import RELEASES, UnknownRelease, release_key
+from harness.core.vllm_releases import RELEASES, UnknownRelease, release_key
 from impl.profiles import BlockSizesRule
 
 

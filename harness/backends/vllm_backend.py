@@ -21,9 +21,9 @@ from harness.backends.base import (
     kv_event_json,
 )
 from harness.backends.vllm_api import VllmApi, api_for
-from harness.cache_config import CacheConfig, GroupConfig, hisparse_page_size
-from harness.events import AddRequest, Allocate
-from harness.vllm_releases import UnknownRelease
+from harness.core.cache_config import CacheConfig, GroupConfig, hisparse_page_size
+from harness.core.events import AddRequest, Allocate
+from harness.core.vllm_releases import UnknownRelease
 from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
 
 

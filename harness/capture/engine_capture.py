@@ -35,7 +35,7 @@ from harness.capture.presets import Preset
 from harness.capture.scheduler_capture import CaptureResult, hash_seed_env
 from harness.capture.synth import SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
-from harness.progress import Progress
+from harness.core.progress import Progress
 
 
 class EngineEnvironmentError(RuntimeError):

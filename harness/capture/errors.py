@@ -1,5 +1,5 @@
 """What can go wrong while capturing (the CLI maps each to one line and an
-exit code: harness/capture/cli.py)."""
+exit code: harness/cli/capture.py)."""
 
 from __future__ import annotations
 

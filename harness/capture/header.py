@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from harness.cache_config import CacheConfig, GroupConfig
 from harness.capture.errors import CaptureGap
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.trace.codec import ModelShape, TraceHeader
 
 # vLLM KV cache spec class -> (the trace's attention kind, the manager vLLM must

@@ -35,9 +35,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from harness.cache_config import CacheConfig, GroupConfig
 from harness.capture.kv_event_stream import EventBatch
 from harness.capture.sinks import JsonlSink, encode_line
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.trace.codec import TraceHeader
 from impl.profiles import get_profile
 

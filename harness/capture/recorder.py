@@ -29,7 +29,7 @@ from harness.capture.errors import CaptureGap
 
 log = logging.getLogger("kvconform.capture")
 
-# Allocate's optional fields and their defaults (harness/events.py).
+# Allocate's optional fields and their defaults (harness/core/events.py).
 _ALLOCATE_DEFAULTS = {
     "num_lookahead_tokens": 0, "num_external_computed_tokens": 0,
     "delay_cache_blocks": False, "num_encoder_tokens": 0,
@@ -69,7 +69,7 @@ class _Tracked:
     known_hashes: int
     # Whether vLLM hashes this request (only with prefix caching or a connector).
     hashed: bool = True
-    # Advanced as a replaying backend advances it (harness/events.py).
+    # Advanced as a replaying backend advances it (harness/core/events.py).
     num_computed: int = 0
     # The hit of a lookup not yet adopted by an allocation.
     pending_hit: int | None = None

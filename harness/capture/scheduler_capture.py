@@ -25,7 +25,7 @@ from harness.capture.recorder import Recorder, instrument
 from harness.capture.sinks import JsonlSink
 from harness.capture.synth import NewRequest, SyntheticWorkload
 from harness.capture.tiny_model import TinyModel
-from harness.progress import Progress
+from harness.core.progress import Progress
 
 
 @dataclass(slots=True)

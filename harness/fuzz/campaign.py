@@ -32,9 +32,9 @@ from harness.backends.vllm_backend import (
     VllmBackend,
     installed_vllm_version,
 )
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.diff import Failure, FailureKind
-from harness.events import Checkpoint
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.compare import Failure, FailureKind
+from harness.core.events import Checkpoint
 from harness.fuzz.actions import Action
 from harness.fuzz.driver import Driver, FuzzRun
 from harness.fuzz.faults import inject

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 
 # `kinds` a fuzz config may name (FuzzConfig.kinds).
 TEMPLATES = (

@@ -3,7 +3,7 @@
 The campaign is cut into units: a kind config, a seed, and a run of that
 seed's cases (case n of seed s is always the same program, wherever it runs).
 Units go round the kind configs, each next run of cases in turn, to whichever
-worker is free (harness/ray_cluster.py); a unit stops at its first finding, at
+worker is free (harness/fuzz/ray_cluster.py); a unit stops at its first finding, at
 its last case, or when the campaign's time is up. Findings stream back as
 units finish: each is named by its shrunk signature (what failed, at which
 op and field, with which message; harness/fuzz/campaign.py shrinks it), and
@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from harness.diff import Failure, FailureKind
-from harness.exit_codes import ExitCode, worst
+from harness.core.compare import Failure, FailureKind
+from harness.core.exit_codes import ExitCode, worst
 from harness.fuzz.campaign import CampaignTotals, fuzz
 from harness.fuzz.generate import FuzzConfig
-from harness.ray_cluster import Failed, WorkerPool
+from harness.fuzz.ray_cluster import Failed, WorkerPool
 
 # Cases per unit (a fraction of a second): long enough that dispatching and
 # merging results costs the driver next to nothing (on a small machine the

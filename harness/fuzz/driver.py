@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from harness.backends.base import Backend
-from harness.cache_config import CacheConfig
-from harness.diff import Failure
-from harness.events import (
+from harness.backends.lockstep import run_event
+from harness.core.cache_config import CacheConfig
+from harness.core.compare import Failure
+from harness.core.events import (
     DEFAULT_CHECKPOINT_FIELDS,
     AddRequest,
     Allocate,
@@ -60,7 +61,7 @@ from harness.events import (
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
 )
-from harness.events import Preempt as PreemptEvent
+from harness.core.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
     Ack,
     Action,
@@ -75,7 +76,6 @@ from harness.fuzz.actions import (
     Schedule,
     StepBoundary,
 )
-from harness.lockstep import run_event
 from impl.mamba_checkpoint import (
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,

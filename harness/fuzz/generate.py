@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
     Ack,
     Action,

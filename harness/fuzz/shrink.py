@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from harness.cache_config import CacheConfig
+from harness.core.cache_config import CacheConfig
 from harness.fuzz.actions import Action, Evict, New, Sample, Schedule
 
 Predicate = Callable[[CacheConfig, list[Action]], bool]

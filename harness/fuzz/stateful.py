@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import (
     Evict,
     Finish,
@@ -104,7 +104,7 @@ def make_machine(profile: VersionProfile, backend_factory) -> type[RuleBasedStat
         @invariant()
         def conformant(self):
             if getattr(self, "driver", None) is not None and self.driver.run.failed:
-                from harness.report import format_failure
+                from harness.report.text import format_failure
 
                 raise AssertionError(format_failure(self.driver.run.failure))
 

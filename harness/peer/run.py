@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.exit_codes import ExitCode
+from harness.core.exit_codes import ExitCode
 from harness.peer import classify, fetch, hf_offline, selection, summary
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import (
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import (
     EVENT_TYPES,
     AddRequest,
     Checkpoint,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.exit_codes import ExitCode
+from harness.core.exit_codes import ExitCode
 
 
 class TraceError(Exception):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from harness.events import (
+from harness.core.events import (
     AddRequest,
     Allocate,
     Checkpoint,
@@ -36,7 +36,7 @@ from harness.events import (
     HiSparseAck,
     HiSparseStep,
 )
-from harness.exit_codes import ExitCode
+from harness.core.exit_codes import ExitCode
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.errors import TraceError
 from harness.trace.rules import TraceRules

@@ -68,7 +68,7 @@ class TraceRules:
                 self._fail(1, "cache.prefix_match_unit", str(e))
 
     def check(self, line: int, event) -> None:
-        """One event (harness/events.py) against the rules that need no
+        """One event (harness/core/events.py) against the rules that need no
         backend state."""
         kind = event.kind
         if kind == "add_request":

@@ -1,6 +1,6 @@
 """Decoded event structs (harness/trace/typed_schema.py) -> harness events.
 
-The structs are compiled with the event dataclasses' defaults (harness/events.py),
+The structs are compiled with the event dataclasses' defaults (harness/core/events.py),
 and each op gets one small generated function that builds its event from its
 struct: a property becomes the event's field of the same name, as
 harness/trace/codec.event_from_dict does for dicts. Nested objects become the
@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from harness.events import EVENT_TYPES
+from harness.core.events import EVENT_TYPES
 from harness.trace.typed_schema import Check, compile_event_structs
 
 # Properties of every event that are not event fields.

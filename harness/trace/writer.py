@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from harness.events import Event
+from harness.core.events import Event
 from harness.trace.codec import TraceHeader, event_to_dict, header_to_dict
 from harness.trace.reader import YAML_SUFFIXES
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.anonymize import Anonymizer, _Feistel
-from harness.cli import main as kvconform
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.capture.anonymize import Anonymizer, _Feistel
+from harness.cli.main import main as kvconform
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 
 GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "golden"
 

@@ -11,7 +11,7 @@ import pytest
 
 from harness.capture.kv_event_stream import EventBatch, batch_problem
 from harness.capture.kv_event_trace import EventTraceBuilder
-from harness.cli import main
+from harness.cli.main import main
 
 HEADER = json.dumps({"format": "kvconform-trace/1", "vllm_version": "0.32.0",
                      "source": "hand", "cache": {"num_blocks": 8, "groups": [{"block_size": 4}]}})

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.bisect import ReleaseRun, changed_files, compare
-from harness.release_answers import _adapter_failure
+from harness.releases.bisect import ReleaseRun, changed_files, compare
+from harness.releases.release_answers import _adapter_failure
 
 REPO = Path(__file__).resolve().parents[2]
 MAMBA_FINDING = REPO / "tests" / "harness" / "data" / "mamba-hybrid-allocate.jsonl"
@@ -88,7 +88,7 @@ def test_changed_files_are_the_kv_sources_that_differ(tmp_path):
 
 
 def _bisect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "bisect", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "harness.cli.main", "bisect", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=1800, env=dict(os.environ))
 
 

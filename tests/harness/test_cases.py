@@ -3,9 +3,9 @@
 
 import pytest
 
-from harness.cases import WORKLOADS, Case, run_trace, run_workload
-from harness.exit_codes import ExitCode
-from harness.gate import format_table
+from harness.core.exit_codes import ExitCode
+from harness.gate.cases import WORKLOADS, Case, run_trace, run_workload
+from harness.gate.run import format_table
 from impl.profiles import PROFILES
 
 pytestmark = pytest.mark.vllm
@@ -51,7 +51,7 @@ def test_table_lists_every_case():
 
 
 def test_bundled_traces_conform():
-    from harness.cases import TRACES_DIR
+    from harness.gate.cases import TRACES_DIR
     from harness.trace import find_traces
 
     modes = set()
@@ -64,12 +64,12 @@ def test_bundled_traces_conform():
 
 
 def test_conform_is_the_gate_without_fuzz_run_serially(monkeypatch):
-    import harness.gate
-    from harness.cli import main
+    import harness.gate.run
+    from harness.cli.main import main
 
     calls = []
-    monkeypatch.setattr(harness.gate, "run_gate", lambda *a: calls.append(a) or ExitCode.OK)
+    monkeypatch.setattr(harness.gate.run, "run_gate", lambda *a: calls.append(a) or ExitCode.OK)
     assert main(["conform"]) == 0
     ((paths, fuzz_seconds, _, _, junit, summary, jobs),) = calls
-    assert paths == harness.gate.default_paths() and fuzz_seconds == 0 and jobs == "1"
+    assert paths == harness.gate.run.default_paths() and fuzz_seconds == 0 and jobs == "1"
     assert junit is None and summary is None

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.cli import main
+from harness.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "scenarios" / "documented-example.yaml"
 HEADER = {"format": "kvconform-trace/1", "vllm_version": "0.32.0", "source": "hand",
@@ -80,7 +80,7 @@ def test_usage_errors_exit_2(capsys):
 def test_no_traceback_from_the_console_script(tmp_path):
     binary = tmp_path / "junk.jsonl"
     binary.write_bytes(b"\x00\x01\x02\xff\xfe")
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(binary)],
+    proc = subprocess.run([sys.executable, "-m", "harness.cli.main", "replay", str(binary)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

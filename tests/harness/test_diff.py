@@ -1,4 +1,4 @@
-from harness.diff import first_difference
+from harness.core.compare import first_difference
 
 
 def test_equal_answers_have_no_difference():

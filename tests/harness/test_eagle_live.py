@@ -12,12 +12,12 @@ import yaml
 
 from harness.backends.base import BackendError
 from harness.backends.vllm_api import api_for
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.exit_codes import ExitCode
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.exit_codes import ExitCode
 from harness.fuzz.campaign import fuzz
 from harness.fuzz.generate import FuzzConfig
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 from impl.profiles import get_profile
 
 P = get_profile("0.32")

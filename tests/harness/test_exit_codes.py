@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.exit_codes import ExitCode, worst
+from harness.core.exit_codes import ExitCode, worst
 
 
 def test_worst_ranks_interrupted_environment_bad_input_divergence_ok():

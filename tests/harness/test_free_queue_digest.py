@@ -11,10 +11,10 @@ import pytest
 import harness.backends.free_queue_digest as fqd
 from harness.backends.free_queue_digest import digest_of_ids, free_queue_digest
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import Checkpoint
-from harness.lockstep import run_lockstep
-from harness.workload import SchedulerWorkload, WorkloadSpec
+from harness.backends.lockstep import run_lockstep
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import Checkpoint
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec
 from impl.block import KVCacheBlock
 from impl.free_queue import FreeKVCacheBlockQueue
 from impl.profiles import get_profile

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.exit_codes import ExitCode
-from harness.gate import run_gate
+from harness.core.exit_codes import ExitCode
+from harness.gate.run import run_gate
 
 pytestmark = pytest.mark.vllm
 SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"
@@ -121,7 +121,7 @@ def test_a_swapped_block_table_fails_the_attention_case(tmp_path, capsys, monkey
 
 
 def test_an_unknown_assumed_profile_is_one_line_exit_2(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["--assume-profile", "0.9", "gate", str(SCENARIOS)]) == 2
     err = capsys.readouterr().err.strip()
@@ -136,11 +136,11 @@ def _raised_in(filename: str) -> Exception:
 
 
 def test_an_exception_escaping_a_case_is_one_line_never_a_traceback():
-    from harness.cases import crashed_case
+    from harness.gate.cases import crashed_case
 
     inside = crashed_case("t", "trace", _raised_in("/o/vllm/_custom_ops.py"))
     adapter = crashed_case("t", "trace", _raised_in("/r/harness/backends/vllm_cpu_attention.py"))
-    ours = crashed_case("t", "trace", _raised_in("/r/harness/replay.py"))
+    ours = crashed_case("t", "trace", _raised_in("/r/harness/sources/replay.py"))
     assert inside.exit_code == adapter.exit_code == ExitCode.ENVIRONMENT
     assert ours.exit_code == ExitCode.BAD_INPUT
     assert inside.report == ("t: vLLM cannot run this case: AttributeError: no such op "

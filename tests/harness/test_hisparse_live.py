@@ -11,7 +11,7 @@ import pytest
 from harness.fuzz.campaign import case_rng, run_case
 from harness.fuzz.generate import draw_case
 from harness.fuzz.slices import load_kind_config as kind_config
-from harness.report import format_failure
+from harness.report.text import format_failure
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm
@@ -53,7 +53,7 @@ def test_an_injected_hisparse_fault_is_found_and_shrunk(tmp_path):
     diverges from vLLM within a bounded number of hisparse cases."""
     from harness.fuzz.campaign import fuzz
     from harness.fuzz.faults import KIND_FAULTS, inject
-    from harness.replay import check_trace
+    from harness.sources.replay import check_trace
 
     name = "hisparse-publish-before-durable"
     result = fuzz(get_profile("0.32"), float("inf"), seed=1, out_dir=str(tmp_path),

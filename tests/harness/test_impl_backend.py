@@ -2,8 +2,8 @@ import pytest
 
 from harness.backends.base import BackendError
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import AddRequest, Allocate, Checkpoint, Lookup
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import AddRequest, Allocate, Checkpoint, Lookup
 from impl.profiles import get_profile
 
 CFG = CacheConfig(num_blocks=6, groups=(GroupConfig(4),))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import New, Schedule, StepBoundary
 from harness.fuzz.campaign import case_rng
 from harness.fuzz.configs import TEMPLATES

@@ -8,12 +8,12 @@ import collections
 
 import pytest
 
-from harness.cases import WORKLOADS, run_workload
 from harness.fuzz.campaign import case_rng, run_case
 from harness.fuzz.configs import TEMPLATES, templates_for
 from harness.fuzz.generate import draw_case
 from harness.fuzz.slices import load_kind_config as kind_config
-from harness.report import format_failure
+from harness.gate.cases import WORKLOADS, run_workload
+from harness.report.text import format_failure
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm

@@ -6,12 +6,12 @@ import pytest
 
 from harness.backends.base import BackendError
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.diff import Failure, FailureKind
-from harness.events import AddRequest, Allocate, Lookup, Step
-from harness.lockstep import run_batch, run_event, run_lockstep
-from harness.report import format_failure
-from harness.workload import SchedulerWorkload, WorkloadSpec
+from harness.backends.lockstep import run_batch, run_event, run_lockstep
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.compare import Failure, FailureKind
+from harness.core.events import AddRequest, Allocate, Lookup, Step
+from harness.report.text import format_failure
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec
 from impl.invariants import InvariantViolation
 from impl.profiles import get_profile
 

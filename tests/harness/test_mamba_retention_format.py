@@ -11,8 +11,8 @@ import pytest
 
 from harness.backends.base import BackendError
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import (
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import (
     AddRequest,
     Allocate,
     FinalizePartialTailOffloads,
@@ -21,7 +21,7 @@ from harness.events import (
     TakeBoundaryStateOffloads,
 )
 from harness.fuzz.configs import template_supported
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 from harness.trace.codec import cache_from_dict, cache_to_dict, event_from_dict, event_to_dict
 from harness.trace.schema import load_schema, validate_event
 from impl.profiles import get_profile

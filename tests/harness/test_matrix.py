@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.exit_codes import ExitCode
-from harness.matrix.run import Row, profiled_releases, row_from_gate
-from harness.matrix.table import format_markdown, format_text
-from harness.vllm_releases import RELEASES
+from harness.core.exit_codes import ExitCode
+from harness.core.vllm_releases import RELEASES
+from harness.releases.matrix.run import Row, profiled_releases, row_from_gate
+from harness.releases.matrix.table import format_markdown, format_text
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "traces" / "scenarios" / "documented-example.yaml"
@@ -64,7 +64,7 @@ def test_every_followed_release_is_in_the_matrix():
 def _kvconform(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("KVCONFORM_VLLM", "KVCONFORM_ASSUME_PROFILE")}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "harness.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -5,8 +5,8 @@ step it happened in, and requests get colours of their own."""
 from PIL import Image
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
-from harness.pool_picture import DIVERGENCE_RGB, WIDTH_PX, draw_pool, request_colour
-from harness.traffic import PoolSample, StepStats, Traffic
+from harness.backends.traffic import PoolSample, StepStats, Traffic
+from harness.report.pool_picture import DIVERGENCE_RGB, WIDTH_PX, draw_pool, request_colour
 
 
 def _traffic(n_steps=40, n_blocks=12, requests=3, unused=0):

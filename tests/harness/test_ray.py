@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.fuzz.distributed import kind_configs
-from harness.ray_cluster import local_head
+from harness.fuzz.ray_cluster import local_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def head():
 
 
 def kvconform(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "harness.cli.main", *args], capture_output=True,
                           text=True, timeout=1800, cwd=ROOT)
 
 
@@ -95,7 +95,7 @@ def test_gate_runs_the_corpus_on_the_workers(head, tmp_path):
             if line.startswith((str(corpus), "workload-"))}
     assert rows[str(corpus / "good.yaml")].endswith("conformant")
     assert rows[str(corpus / "bad.yaml")].endswith("DIVERGED")
-    from harness.cases import WORKLOADS
+    from harness.gate.cases import WORKLOADS
 
     assert sum(k.startswith("workload-") for k in rows) == len(WORKLOADS) >= 11
     xml = junit.read_text()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.replay import check_trace
-from harness.report import format_failure, outcome_json
+from harness.report.text import format_failure, outcome_json
+from harness.sources.replay import check_trace
 from harness.trace import find_traces, open_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -124,7 +124,7 @@ def test_a_call_vllm_rejects_is_one_line_exit_2_and_the_run_goes_on(tmp_path, ca
                                                                      monkeypatch):
     """Caught up front by harness/trace/rules.py, or, for a call no rule
     foresees (here: the rules switched off), around the backend call."""
-    from harness.cli import main
+    from harness.cli.main import main
     from harness.trace.rules import TraceRules
 
     if rules == "off":
@@ -186,7 +186,7 @@ def test_a_config_a_backend_refuses_to_build_is_one_line(tmp_path, monkeypatch):
 
 
 def test_an_invariant_violation_is_a_divergence_of_its_own_kind(monkeypatch):
-    from harness.diff import FailureKind
+    from harness.core.compare import FailureKind
     from impl.invariants import InvariantChecker, InvariantViolation
 
     def broken(self, manager):
@@ -203,10 +203,10 @@ def test_an_invariant_violation_is_a_divergence_of_its_own_kind(monkeypatch):
 def _workload_trace(path: Path, num_requests: int = 6) -> list[dict]:
     """A recorded scheduler-workload trace; its event lines as dicts."""
     from harness.backends.impl_backend import ImplBackend
-    from harness.cache_config import CacheConfig, GroupConfig
+    from harness.core.cache_config import CacheConfig, GroupConfig
+    from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
     from harness.trace import TraceWriter
     from harness.trace.codec import TraceHeader
-    from harness.workload import SchedulerWorkload, WorkloadSpec, drive
     from impl.profiles import get_profile
 
     profile, config = get_profile("0.32"), CacheConfig(num_blocks=24, groups=(GroupConfig(16),))
@@ -238,9 +238,9 @@ def test_a_failure_inside_a_batch_is_reported_as_event_by_event(tmp_path):
     """The batched run only proves a pass: a failure in the middle of a batch
     is reported from backends that stopped at it, as the event-by-event run
     (observe) reports it."""
-    from harness import replay
     from harness.backends.impl_backend import ImplBackend
-    from harness.lockstep import run_lockstep
+    from harness.backends.lockstep import run_lockstep
+    from harness.sources import replay
 
     path = tmp_path / "w.jsonl"
     events = _workload_trace(path)
@@ -277,7 +277,7 @@ def test_a_failure_inside_a_batch_is_reported_as_event_by_event(tmp_path):
 def test_bad_input_after_a_divergence_in_the_same_batch_comes_second(tmp_path):
     """The reader's error is held until the events before it ran: the earlier
     divergence is what the run reports; alone, the bad line is exit 2."""
-    from harness import replay
+    from harness.sources import replay
 
     path = tmp_path / "w.jsonl"
     events = _workload_trace(path)

@@ -9,8 +9,8 @@ import json
 import jsonschema
 import pytest
 
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.cli import main
+from harness.cli.main import main
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.configs import TEMPLATE_NEEDS, TEMPLATES, templates_for
 from harness.trace.codec import cache_from_dict, cache_to_dict
 from harness.trace.schema import load_schema

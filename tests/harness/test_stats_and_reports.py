@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import build_parser, main
+from harness.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "traces" / "scenarios" / "documented-example.yaml"
@@ -140,8 +140,8 @@ def test_a_diff_that_checked_nothing_is_exit_3(tmp_path, capsys):
 
 @pytest.mark.vllm
 def test_the_gate_shows_a_truncated_trace_as_truncated(tmp_path):
-    from harness.cases import run_trace
-    from harness.gate import format_table
+    from harness.gate.cases import run_trace
+    from harness.gate.run import format_table
 
     header = {**HEADER, "truncated": "the server died without closing its capture"}
     case = run_trace(_trace(tmp_path / "t.jsonl", header))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.backends.vllm_api import SHAPES, VllmApi, api_for
-from harness.vllm_overlay import ensure, overlay_path, read_info
-from harness.vllm_releases import RELEASES, UnknownRelease
+from harness.core.vllm_releases import RELEASES, UnknownRelease
+from harness.releases.vllm_overlay import ensure, overlay_path, read_info
 from impl.profiles import StatsRecordedAt, get_profile
 
 # make test builds these (Makefile `overlays`); every other release is checked

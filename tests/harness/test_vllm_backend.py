@@ -9,8 +9,8 @@ from harness.backends.vllm_backend import (
     VllmBackend,
     installed_vllm_profile,
 )
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import AddRequest
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import AddRequest
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.vllm_overlay import OverlayError, _kept, activate, ensure
+from harness.releases.vllm_overlay import OverlayError, _kept, activate, ensure
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "traces" / "scenarios"
 
 
 def _kvconform(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "harness.cli.main", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=1200,
                           env={**os.environ, **(env or {})})
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.vllm_releases import RELEASES, UnknownRelease, between, release_key, resolve
+from harness.core.vllm_releases import RELEASES, UnknownRelease, between, release_key, resolve
 
 
 def test_one_release_per_minor_from_017_to_033_in_order():

@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import Checkpoint, Free, Preempt
-from harness.lockstep import run_lockstep
-from harness.report import format_failure
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
+from harness.backends.lockstep import run_lockstep
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import Checkpoint, Free, Preempt
+from harness.report.text import format_failure
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 P = get_profile("0.32")

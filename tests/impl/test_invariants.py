@@ -275,7 +275,7 @@ FULL_AND_MAMBA = dict(groups=(("full_attention", 4), ("mamba", 4)))
 def _events_hit_inside_a_running_block():
     """b's hit (10 tokens, hashed every 2) ends inside a's live last block in
     both groups; b's copies stay unkeyed after its first allocation."""
-    from harness.events import AddRequest, Allocate, Free, Lookup, Step, TakeBlockCopies
+    from harness.core.events import AddRequest, Allocate, Free, Lookup, Step, TakeBlockCopies
 
     prompt = list(range(11))
     step = [Step(), TakeBlockCopies()]
@@ -288,7 +288,7 @@ def _events_hit_inside_a_running_block():
 def _events_own_block_after_preemption():
     """Found by the fuzzer: a preempted request hits its own partial state
     (hashed every token) and gets copies of it."""
-    from harness.events import (
+    from harness.core.events import (
         AddRequest,
         Allocate,
         Lookup,
@@ -306,7 +306,7 @@ def _events_own_block_after_preemption():
 def _run_both(unit, events, corrupt=None):
     from harness.backends.impl_backend import ImplBackend
     from harness.backends.vllm_backend import VllmBackend
-    from harness.cache_config import CacheConfig, GroupConfig
+    from harness.core.cache_config import CacheConfig, GroupConfig
 
     config = CacheConfig(num_blocks=16, groups=(GroupConfig(4), GroupConfig(4, "mamba")),
                          prefix_match_unit=unit)
@@ -338,7 +338,7 @@ def test_copy_on_write_states_are_no_violation(scenario):
 def test_a_copy_handed_to_another_request_is_still_caught():
     """Negative control in the same state: b's unkeyed copy (held by b and
     its pending pair) also put in a third table behind the manager's back."""
-    from harness.events import Step
+    from harness.core.events import Step
 
     unit, events = _events_hit_inside_a_running_block()
     cut = [i for i, e in enumerate(events) if e.kind == "allocate"][2] + 1  # after b's

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.diff import check_expected
+from harness.core.compare import check_expected
 from harness.trace import open_trace
 from impl.profiles import get_profile
 

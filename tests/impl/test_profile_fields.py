@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import AddRequest as Add
-from harness.events import Allocate, Checkpoint, Free, Lookup
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import AddRequest as Add
+from harness.core.events import Allocate, Checkpoint, Free, Lookup
 from harness.trace import open_trace
 from impl.block_pool import BlockPool
 from impl.profiles import PROFILES, PromptTailBoundary, get_profile

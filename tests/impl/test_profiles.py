@@ -2,7 +2,7 @@ from dataclasses import fields
 
 import pytest
 
-from harness.vllm_releases import RELEASES
+from harness.core.vllm_releases import RELEASES
 from impl.profiles import (
     PROFILES,
     FreeOrder,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.backends.impl_backend import ImplBackend
-from harness.diff import check_expected
+from harness.core.compare import check_expected
 from harness.trace import open_trace
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import AddRequest, Allocate, AppendTokens, Free, Lookup, Step
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import AddRequest, Allocate, AppendTokens, Free, Lookup, Step
 from harness.trace import ModelShape, TraceHeader, TraceWriter
 from impl.profiles import get_profile
 

@@ -13,9 +13,9 @@ from harness.attention.differential import AttentionOptions, check_attention, wa
 from harness.attention.seeded import STREAM_KEY, STREAM_QUERY, STREAM_VALUE, seeded_rows
 from harness.attention.steps import iter_batches
 from harness.backends.impl_backend import ImplBackend
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.sources.workload import SchedulerWorkload, WorkloadSpec, drive
 from harness.trace import ModelShape, TraceHeader, TraceWriter, open_trace
-from harness.workload import SchedulerWorkload, WorkloadSpec, drive
 from impl.profiles import get_profile
 
 PROMPT = list(range(100, 164))  # 64 tokens: 4 blocks of 16

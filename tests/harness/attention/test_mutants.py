@@ -81,7 +81,7 @@ def test_every_mutant_is_caught(name, which, seeded_trace, monkeypatch, tmp_path
 def test_kvconform_diff_reports_the_block_table_swap(monkeypatch, tmp_path, capsys):
     """The issue's case end to end: with impl's block table swapping two
     entries, `kvconform diff` on the recorded engine trace exited 0; now 1."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     MUTANTS["block-table-swap"].apply(monkeypatch, tmp_path)
     code = main(["diff", str(RECORDED)])

@@ -16,7 +16,7 @@ GOLDEN = REPO / "traces" / "golden"
 def capture_cli(argv: list[str]) -> int:
     """`kvconform capture ...` as the console script runs it (usage errors
     raise SystemExit(2))."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     return main(argv)
 

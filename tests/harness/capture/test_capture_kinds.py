@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness.capture.errors import CaptureGap
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 
 pytestmark = pytest.mark.vllm
 

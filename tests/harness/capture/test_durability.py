@@ -15,7 +15,7 @@ import pytest
 
 from harness.capture.join import JoinError, join
 from harness.capture.segments import PARTIAL, part_name, sessions
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 
 from .conftest import capture_cli
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 # engine core is killed right after the signal).
 WRITER = """
 import itertools, os, sys
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.capture import plugin
 from harness.capture.segments import SegmentWriter
 from harness.trace.codec import TraceHeader
@@ -86,7 +86,7 @@ time.sleep(3600)
 # busy to answer a stop request).
 SERVER = """
 import os, signal, sys, time
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.capture.segments import SegmentWriter
 from harness.trace.codec import TraceHeader
 

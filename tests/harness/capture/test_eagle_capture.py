@@ -10,7 +10,7 @@ import pytest
 from harness.capture.presets import load_preset
 from harness.capture.recorder import Recorder, instrument
 from harness.capture.sinks import JsonlSink
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 from harness.trace import open_trace
 
 pytestmark = pytest.mark.vllm

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.backends.impl_backend import ImplBackend
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 from harness.trace import open_trace
 
 pytestmark = pytest.mark.vllm

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.capture.errors import CaptureGap
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 from harness.trace import open_trace
 
 pytestmark = pytest.mark.vllm

@@ -8,8 +8,8 @@ import pytest
 
 from harness.capture.kv_event_stream import StreamError, decode_payload
 from harness.capture.kv_event_trace import EventTraceBuilder
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 
 from .conftest import capture_cli
 

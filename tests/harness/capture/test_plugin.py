@@ -12,7 +12,7 @@ import pytest
 
 from harness.capture.segments import sessions
 from harness.capture.tiny_model import TinyModel
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 
 from .conftest import capture_cli
 

@@ -9,8 +9,8 @@ from harness.capture.errors import CaptureGap
 from harness.capture.presets import load_preset
 from harness.capture.recorder import _ALLOCATE_DEFAULTS, Recorder, instrument
 from harness.capture.sinks import JsonlSink
-from harness.events import Allocate
-from harness.replay import check_trace
+from harness.core.events import Allocate
+from harness.sources.replay import check_trace
 from harness.trace import open_trace
 from harness.trace.codec import event_from_dict, event_to_dict
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from harness.cache_config import CacheConfig, GroupConfig
 from harness.capture.join import JoinError, join
 from harness.capture.segments import PARTIAL, SegmentWriter, part_name, request_stop
 from harness.capture.sinks import JsonlSink
-from harness.replay import check_trace
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.sources.replay import check_trace
 from harness.trace.codec import TraceHeader
 
 from .conftest import capture_cli

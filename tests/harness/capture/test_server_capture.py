@@ -27,7 +27,7 @@ import pytest
 from harness.capture.join import JoinError, join
 from harness.capture.segments import sessions
 from harness.capture.tiny_model import TinyModel
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 
 def _kvconform(*args: str, log: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "harness.cli.main", *args], env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 

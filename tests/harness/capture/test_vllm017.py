@@ -3,7 +3,7 @@ its Scheduler recorded, its KV events in the older array encoding."""
 
 import pytest
 
-from harness.replay import check_trace
+from harness.sources.replay import check_trace
 
 pytestmark = pytest.mark.vllm017
 

@@ -10,8 +10,8 @@ import pytest
 from harness.fuzz.campaign import fuzz
 from harness.fuzz.faults import FAULT_KINDS, FAULTS, inject
 from harness.fuzz.generate import FuzzConfig
-from harness.replay import check_trace
-from harness.report import format_failure
+from harness.report.text import format_failure
+from harness.sources.replay import check_trace
 from impl.profiles import get_profile
 
 pytestmark = pytest.mark.vllm
@@ -60,8 +60,8 @@ def test_clean_impl_short_run(tmp_path):
 def test_start_up_is_apart_and_too_few_cases_say_so(tmp_path):
     """vLLM's import and the first backends are timed apart; a campaign whose
     time ends before MIN_CASES cases is 'too few cases', in the gate too."""
-    from harness.cases import TOO_FEW_CASES, fuzz_case
-    from harness.exit_codes import ExitCode
+    from harness.core.exit_codes import ExitCode
+    from harness.gate.cases import TOO_FEW_CASES, fuzz_case
 
     r = fuzz(P, 1e-9, seed=0, out_dir=str(tmp_path))
     assert r.startup_seconds > 0 and r.seconds < r.startup_seconds and r.cases <= 1
@@ -85,7 +85,7 @@ def test_cases_of_a_seed_run_anywhere(tmp_path):
 
 
 def test_cli_reports_start_up_and_too_few_cases(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["fuzz", "--seconds", "1e-9", "--out", str(tmp_path)]) == 3
     out, err = capsys.readouterr()

@@ -1,4 +1,4 @@
-from harness.cache_config import CacheConfig, GroupConfig
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.fuzz.actions import Finish, New, Observe, Sample, Schedule
 from harness.fuzz.shrink import shrink
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.cache_config import CacheConfig, GroupConfig
-from harness.events import (
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.events import (
     AddRequest,
     Allocate,
     AppendTokens,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness.events import Checkpoint, Free, HiSparseAck, HiSparseStep
+from harness.core.events import Checkpoint, Free, HiSparseAck, HiSparseStep
 from harness.trace import TraceError, open_trace
 from harness.trace.codec import event_from_dict, event_to_dict, header_from_dict, header_to_dict
 

@@ -154,7 +154,7 @@ def test_examples_in_the_format_document_replay(tmp_path):
     import re
     from pathlib import Path
 
-    from harness.replay import check_trace
+    from harness.sources.replay import check_trace
 
     doc = (Path(__file__).resolve().parents[3] / "specs" / "TRACE_FORMAT.md").read_text()
     blocks = re.findall(r"```(jsonl|yaml)\n(.*?)```", doc, re.S)

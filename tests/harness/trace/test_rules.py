@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.diff import Failure, FailureKind
-from harness.events import AddRequest
-from harness.lockstep import run_event
+from harness.backends.lockstep import run_event
+from harness.cli.main import main
+from harness.core.compare import Failure, FailureKind
+from harness.core.events import AddRequest
 from harness.trace.codec import cache_from_dict, event_from_dict
 from impl.profiles import get_profile
 

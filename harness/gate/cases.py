@@ -1,0 +1,294 @@
+"""The cases of a conformance run, and the one result type they give (`Case`).
+
+`kvconform gate` (and `kvconform conform`, the gate without fuzz, serially)
+runs these as pytest items (harness/gate/pytest_plugin.py); harness/gate/run.py turns
+the Cases into its table, JUnit and summary.
+
+- trace: each trace under traces/ recorded for the installed vLLM's version is
+  diffed: impl and vLLM run side by side, their answers must be equal, equal
+  to the recorded answers, and satisfy the hand-derived expectations. Traces of
+  other versions are replayed on impl with their own profile.
+- workload: each seeded workload runs impl and vLLM in lockstep: every answer,
+  the free queue after every free and preemption, and the KV events must be
+  identical.
+- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.exit_codes import ExitCode
+from harness.fuzz.generate import FuzzConfig
+from harness.sources.workload import WorkloadSpec
+from impl.profiles import VersionProfile
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES_DIR = ROOT / "traces"
+
+VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
+            ExitCode.BAD_INPUT: "BAD INPUT", ExitCode.ENVIRONMENT: "ENVIRONMENT",
+            ExitCode.INTERRUPTED: "INTERRUPTED"}
+# A fuzz campaign whose time ran out before it checked enough to mean anything
+# (harness/fuzz/campaign.py MIN_CASES): the machine's problem, exit 3.
+TOO_FEW_CASES = "TOO FEW CASES"
+
+
+@dataclass(slots=True)
+class Case:
+    name: str
+    kind: str  # trace | workload | fuzz
+    mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
+    events: int
+    seconds: float
+    exit_code: ExitCode
+    report: str = ""  # what failed, "" when conformant
+    message: str = ""  # the report's one line (JUnit's message); "" when conformant
+    # A trace that lacks its end (header `truncated`): a pass says so.
+    truncated: bool = False
+    # A verdict more telling than the exit code's (TOO_FEW_CASES).
+    label: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.label:
+            return self.label
+        if self.truncated and self.exit_code == ExitCode.OK:
+            return "truncated"
+        return VERDICTS[self.exit_code]
+
+    def __post_init__(self) -> None:
+        if self.report and not self.message:
+            self.message = self.report.strip().splitlines()[0]
+
+
+def raised_in_vllm(e: BaseException) -> bool:
+    """Whether an exception comes from vLLM's code or the modules driving it
+    (harness/backends/vllm_*): a missing op, a release's API or a failure
+    inside the release, not the case's input."""
+    vllm_dir = f"{os.sep}vllm{os.sep}"
+    adapters = f"{os.sep}harness{os.sep}backends{os.sep}vllm_"
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if vllm_dir in name or adapters in name:
+            return True
+        tb = tb.tb_next
+    return isinstance(e, ImportError)
+
+
+def crashed_case(name: str, kind: str, e: Exception, mode: str = "-") -> Case:
+    """A case whose run raised: one line, exit 3 when it came from vLLM."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "" if tb is None else (f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:"
+                                   f"{tb.tb_lineno})")
+    first = str(e).splitlines()[0] if str(e) else ""
+    if raised_in_vllm(e):
+        code, what = ExitCode.ENVIRONMENT, "vLLM cannot run this case"
+    else:
+        code, what = ExitCode.BAD_INPUT, "the case could not run"
+    line = f"{name}: {what}: {type(e).__name__}: {first}{where}"
+    return Case(name, kind, mode, 0, 0.0, code, line, line)
+
+
+def case_name(path: str) -> str:
+    """A trace's name in tables: relative to the project when inside it."""
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(ROOT))
+    except ValueError:
+        return str(full)
+
+
+# -- the seeded workloads --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCase:
+    name: str
+    spec: WorkloadSpec
+    config: CacheConfig
+
+
+def _workload(name: str, seed: int, num_blocks: int, groups: tuple[GroupConfig, ...],
+              block_size: int = 16, **cfg) -> WorkloadCase:
+    """A workload over `groups`. The workload keeps a request within num_blocks
+    blocks of `block_size` tokens; hybrid pools are sized so that a request
+    fits in every group at once."""
+    return WorkloadCase(name, WorkloadSpec(seed=seed, block_size=block_size),
+                        CacheConfig(num_blocks=num_blocks, groups=groups, **cfg))
+
+
+_FULL = GroupConfig(16)
+_WINDOW = GroupConfig(16, "sliding_window", sliding_window=40)
+
+WORKLOADS: list[WorkloadCase] = [
+    _workload("workload-tight-pool", 1, 24, (_FULL,)),
+    _workload("workload-medium-pool", 2, 64, (_FULL,)),
+    _workload("workload-sha256_cbor", 3, 40, (GroupConfig(32),), block_size=32,
+              hash_algo="sha256_cbor"),
+    _workload("workload-xxhash", 4, 48, (_FULL,), hash_algo="xxhash"),
+    _workload("workload-no-caching", 5, 32, (_FULL,), enable_caching=False),
+    _workload("workload-sliding-window", 6, 40, (_WINDOW,)),
+    _workload("workload-gemma-hybrid", 7, 100, (_FULL, _WINDOW, _WINDOW)),
+    _workload("workload-hybrid-block-sizes", 8, 120,
+              (_FULL, GroupConfig(32, "sliding_window", sliding_window=24))),
+    _workload("workload-llama4-hybrid", 9, 100,
+              (_FULL, GroupConfig(16, "chunked_local_attention", attention_chunk_size=64))),
+    _workload("workload-mla-dcp", 10, 32, (GroupConfig(16, "mla_attention"),),
+              dcp_world_size=2),
+    _workload("workload-hybrid-no-caching", 11, 100, (_FULL, _WINDOW), enable_caching=False),
+    # Jamba-like: attention next to two Mamba "align" groups. Few, short,
+    # often identical prompts, so that requests hit a state another request
+    # keyed in the same step (0.33 changed when such a hit must wait a step).
+    WorkloadCase("workload-mamba-hybrid",
+                 WorkloadSpec(seed=12, block_size=4, vocab=2, num_system_prompts=2,
+                              system_prompt_blocks=(1, 3), user_tokens=(1, 3),
+                              max_tokens=(1, 24), num_requests=200),
+                 CacheConfig(num_blocks=60, groups=(GroupConfig(4), GroupConfig(4, "mamba"),
+                                                    GroupConfig(4, "mamba")))),
+]
+
+
+# -- running one case ------------------------------------------------------------------------
+
+
+def run_trace(path: str) -> Case:
+    from harness.report.text import format_failure
+    from harness.sources.replay import check_trace
+
+    o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
+    if o.skipped:  # recorded for another vLLM version: impl replays it
+        o, mode = check_trace(path, ["impl"]), f"replay {o.profile}"
+    report = ""
+    if o.error is not None:
+        report = str(o.error)
+    elif o.divergence is not None:
+        report = format_failure(o.divergence, o.context)
+    if o.truncated and not report:
+        report = f"{o.path}: conformant as far as it goes; it lacks its end: {o.truncated}"
+    return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report,
+                truncated=o.truncated is not None)
+
+
+def _workload_stream(case: WorkloadCase, profile: VersionProfile):
+    from harness.sources.mamba_chunks import MambaChunking
+    from harness.sources.workload import SchedulerWorkload
+
+    return SchedulerWorkload(case.spec, profile, case.config.num_blocks,
+                             mamba=MambaChunking.of(case.config, profile),
+                             drain_copies=case.config.fine_grained_hits(profile)).events()
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile,
+                 out_dir: str | None = None) -> Case:
+    """The workload in lockstep on vLLM and impl. A divergence is also written
+    as a trace (in out_dir, when given) to replay or bisect."""
+    from harness.backends.impl_backend import ImplBackend
+    from harness.backends.lockstep import run_lockstep
+    from harness.backends.vllm_backend import VllmBackend
+    from harness.report.text import format_failure
+
+    t0 = time.perf_counter()
+    result = run_lockstep(
+        _workload_stream(case, profile),
+        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
+    )
+    f = result.failure
+    report = ""
+    if f is not None:
+        report = format_failure(f)
+        if out_dir is not None:
+            from harness.backends.vllm_backend import installed_vllm_version
+
+            path = write_workload_finding(case, profile, f, out_dir)
+            report += f"\nwritten to {path} (vLLM's answers)"
+            installed = installed_vllm_version()
+            if profile.covers(installed):
+                report += f"; replay it: kvconform replay {path}"
+            else:
+                # Held to another release's profile: which release changed it?
+                report += (f"\nbisect it: kvconform bisect {path} --from "
+                           f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
+    return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
+                ExitCode.OK if f is None else f.exit_code, report)
+
+
+def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
+                           out_dir: str) -> str:
+    """The workload's calls up to the one that failed, with vLLM's answers,
+    as a trace: replayed through vLLM alone (the answers agreed up to there,
+    so the calls are the same)."""
+    from harness.backends.vllm_backend import VllmBackend, installed_vllm_version
+    from harness.sources.workload import drive
+    from harness.trace import TraceWriter
+    from harness.trace.codec import TraceHeader
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{case.name}.jsonl")
+    backend = VllmBackend(case.config, profile)
+    description = (f"kvconform gate: seeded workload {case.name}, {failure.kind.value} at "
+                   f"call {failure.index + 1} ({failure.event.kind}, field "
+                   f"{failure.field or '-'}) against the {profile.name} profile")
+    header = TraceHeader(installed_vllm_version(), "workload", case.config, description)
+
+    def run(event):
+        try:
+            return backend.run(event)
+        except Exception:  # noqa: BLE001 - the failing call: vLLM refused it
+            return None
+
+    with TraceWriter(path, header) as w:
+        for n, (event, answer) in enumerate(drive(_workload_stream(case, profile), run)):
+            w.write(event, answer)
+            if n >= failure.index or answer is None:
+                break
+    return path
+
+
+def run_attention(path: str) -> Case:
+    """The attention-output differential of a trace with a `model` header."""
+    from harness.attention.differential import AttentionOptions, check_attention
+
+    o = check_attention(path, AttentionOptions(max_batches=16))
+    code = o.exit_code
+    report = message = ""
+    if code == ExitCode.DIVERGED:
+        report, message = "\n".join(o.summary_lines()), o.failure_message() or ""
+    elif code != ExitCode.OK:
+        report = message = o.error or o.failure_message() or ""
+    return Case(case_name(path), "trace", "attention", o.num_tokens, o.seconds, code, report,
+                message)
+
+
+def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
+             out_dir: str, fuzz_config: FuzzConfig | None = None, min_cases: int = 0) -> Case:
+    from harness.fuzz.campaign import fuzz
+
+    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config,
+                                min_cases=min_cases))
+
+
+def fuzz_case(name: str, r) -> Case:
+    """A campaign's result (CampaignResult) as a gate case."""
+    from harness.fuzz.campaign import too_few_cases_warning
+    from harness.report.text import format_failure
+
+    mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
+    if r.refused:
+        mode += f", {r.refused} configs refused"
+    f = r.finding
+    if f is None and r.too_few_cases:
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.ENVIRONMENT,
+                    f"warning: {too_few_cases_warning(r)}", label=TOO_FEW_CASES)
+    if f is None:
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
+    report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
+              f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
+    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)

@@ -1,0 +1,237 @@
+"""pytest plugin (entry point `pytest11`): traces are test items.
+
+`pytest traces/` collects every `*.jsonl` / `*.yaml` trace file (files whose
+first line or `header:` says `kvconform-trace/1`; other YAML is left alone) and
+runs each as the conformance run does: a trace of the installed vLLM's version
+is diffed (impl and vLLM side by side, recorded answers and expectations
+checked), a trace of another version is replayed on impl with its profile. A
+failure's text is the divergence report.
+
+A trace with a `model` header is also an attention case (`NAME[attention]`):
+the attention-output differential (harness/attention/differential.py), a
+divergence a failure, bad input or an environment without vLLM's attention
+ops an error (never a skip).
+
+Options (used by `kvconform gate`):
+  --kvconform-workloads         also run the seeded lockstep workloads
+  --kvconform-fuzz-seconds N    also fuzz for N seconds in all: a slice of it
+                                for every kind config (harness/fuzz/kind_configs/)
+                                and each of several seeds
+  --kvconform-fuzz-seed S / --kvconform-fuzz-out DIR
+  --kvconform-no-attention      leave the attention cases out
+Each item runs one case of harness/gate/cases.py and records its Case as user
+properties (kvconform_name, _kind, _mode, _events, _seconds, _exit, _message)
+that the gate turns back into Cases for its table, JUnit and summary; they
+travel from pytest-xdist workers too, so `-n auto` gives the same results as a
+serial run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TRACE_SUFFIXES = (".jsonl", ".yaml", ".yml")
+_MAGIC = "kvconform-trace/1"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kvconform", "kvconform conformance")
+    group.addoption("--kvconform-workloads", action="store_true",
+                    help="also run the seeded lockstep workloads (impl vs vLLM)")
+    group.addoption("--kvconform-fuzz-seconds", type=float, default=0.0,
+                    help="also run a differential fuzz campaign of this many seconds")
+    group.addoption("--kvconform-fuzz-seed", type=int, default=0)
+    group.addoption("--kvconform-fuzz-out", default="fuzz-findings",
+                    help="where fuzz findings are written")
+    group.addoption("--kvconform-no-attention", action="store_true",
+                    help="leave out the attention differential of traces with a model header")
+
+
+def _is_trace(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if path.suffix == ".jsonl":
+        return _MAGIC in head.split("\n", 1)[0]
+    return "header:" in head and _MAGIC in head
+
+
+def pytest_collect_file(file_path: Path, parent):
+    if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
+        return TraceFile.from_parent(parent, path=file_path)
+    return None
+
+
+class KVConformFailure(Exception):
+    """A case that did not conform; its message is the report."""
+
+
+class KVConformError(Exception):
+    """A case that could not be checked (bad input, the environment); raised
+    while the item is set up, so that JUnit reports an error, not a failure."""
+
+
+class _CaseItem(pytest.Item):
+    """A pytest item running one case of harness/gate/cases.py."""
+
+    # Cases that are errors when they cannot be checked (JUnit <error>).
+    errors_in_setup = False
+    _kind = "trace"
+    _mode = "-"  # the mode a case that raised is reported under
+
+    def _run(self):
+        raise NotImplementedError
+
+    def _record(self, case) -> None:
+        self.user_properties.extend([  # plain data: xdist sends them to the controller
+            ("kvconform_name", case.name),
+            ("kvconform_kind", case.kind),
+            ("kvconform_mode", case.mode),
+            ("kvconform_events", case.events),
+            ("kvconform_seconds", round(case.seconds, 3)),
+            ("kvconform_exit", int(case.exit_code)),
+            ("kvconform_truncated", case.truncated),
+            ("kvconform_label", case.label),
+            ("kvconform_message", case.message),
+        ])
+
+    def _checked_run(self):
+        """The case; an exception escaping it is a result too, never a
+        traceback: raised inside vLLM (or the modules driving it) it is the
+        environment's (exit 3), otherwise the case could not run (exit 2)."""
+        try:
+            return self._run()
+        except Exception as e:  # noqa: BLE001 - see above
+            from harness.gate.cases import crashed_case
+
+            return crashed_case(self._label(), self._kind, e, self._mode)
+
+    def _label(self) -> str:
+        """The case's name in tables (a trace's path, as its Case names it)."""
+        path = getattr(self, "path", None)
+        if path is None or self._kind != "trace":
+            return self.name
+        from harness.gate.cases import case_name
+
+        return case_name(str(path))
+
+    def setup(self):
+        self._case = None
+        if not self.errors_in_setup:
+            return
+        case = self._case = self._checked_run()
+        if case.exit_code not in (0, 1):
+            self._record(case)
+            raise KVConformError(case.report)
+
+    def runtest(self):
+        case = self._case if self._case is not None else self._checked_run()
+        self._record(case)
+        if case.exit_code != 0:
+            raise KVConformFailure(case.report)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance((KVConformFailure, KVConformError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def _repr_failure_py(self, excinfo, style=None):
+        # (How pytest reports an error raised while an item is set up.)
+        if excinfo.errisinstance(KVConformError):
+            return str(excinfo.value)
+        return super()._repr_failure_py(excinfo, style)
+
+
+class TraceFile(pytest.File):
+    def collect(self):
+        yield TraceItem.from_parent(self, name=self.path.name)
+        if not self.config.option.kvconform_no_attention:
+            from harness.attention.differential import wants_attention
+
+            if wants_attention(str(self.path)):
+                yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
+
+
+class TraceItem(_CaseItem):
+    def _run(self):
+        from harness.gate.cases import run_trace
+
+        return run_trace(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"trace {self.path}"
+
+
+class AttentionItem(_CaseItem):
+    errors_in_setup = True
+    _mode = "attention"
+
+    def _run(self):
+        from harness.gate.cases import run_attention
+
+        return run_attention(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"attention {self.path}"
+
+
+class WorkloadItem(_CaseItem):
+    _kind = "workload"
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.gate.cases import WORKLOADS, run_workload
+
+        case = next(c for c in WORKLOADS if c.name == self.name)
+        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out)
+
+    def reportinfo(self):
+        return "workload", None, f"workload {self.name}"
+
+
+class FuzzItem(_CaseItem):
+    """One slice of the gate's fuzz budget: one kind config, one seed."""
+
+    _kind = "fuzz"
+    kind: str = ""
+    seed: int = 0
+    seconds: float = 0.0
+
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.fuzz.campaign import MIN_CASES
+        from harness.fuzz.slices import load_kind_config
+        from harness.gate.cases import run_fuzz
+
+        return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
+                        self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
+                        min_cases=MIN_CASES)
+
+    def reportinfo(self):
+        return "fuzz", None, self.name
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Add the workload and fuzz items the options ask for (after the traces;
+    deterministic, so every xdist worker collects the same list)."""
+    opts = config.option
+    if getattr(opts, "kvconform_workloads", False):
+        from harness.gate.cases import WORKLOADS
+
+        items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.fuzz.slices import fuzz_slices
+
+        fuzz_items = []
+        for kind, seed, seconds in fuzz_slices(opts.kvconform_fuzz_seconds,
+                                               opts.kvconform_fuzz_seed,
+                                               installed_vllm_profile()):
+            item = FuzzItem.from_parent(session, name=f"fuzz[{kind},seed={seed}]")
+            item.kind, item.seed, item.seconds = kind, seed, seconds
+            fuzz_items.append(item)
+        # First, so that under xdist the campaigns start while traces run.
+        items[:0] = fuzz_items
