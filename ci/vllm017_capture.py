@@ -7,8 +7,8 @@ overlay, `ci/vllm-overlay.sh 0.17.1`), for the golden v0.17 traces. Not run by C
 
 import sys
 
-from harness.cli.support import Parser, fail, run_verb
-from harness.core.exit_codes import ExitCode
+from harness.cli.support import Parser, run_verb
+from harness.core.exit_codes import ExitCode, fail
 
 
 def main() -> int:

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 from harness.backends.base import Backend, BackendError
 from harness.core.compare import Failure, FailureKind, first_difference
-from harness.core.events import Event
-from harness.sources.workload import EventStream
+from harness.core.events import Event, EventStream
 from impl.invariants import InvariantViolation
 
 # How a backend is named in a one-line rejection.

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli.support import check_vllm, fail, replay_on_impl
-from harness.core.exit_codes import ExitCode, worst
+from harness.backends.vllm_check import check_vllm
+from harness.cli.support import replay_on_impl
+from harness.core.exit_codes import ExitCode, fail, worst
 
 CAPTURE_HELP = """\
 Record traces from real vLLM: every call a scheduler makes on vLLM's KV cache

@@ -15,17 +15,16 @@ import sys
 import time
 
 from harness.backends.vllm_backend import ASSUME_PROFILE_ENV
+from harness.backends.vllm_check import check_vllm
 from harness.cli.support import (
     Parser,
-    check_vllm,
-    fail,
     print_error,
     print_outcome,
     run_verb,
     trace_paths,
     version_line,
 )
-from harness.core.exit_codes import ExitCode, worst
+from harness.core.exit_codes import ExitCode, fail, worst
 
 
 def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:

@@ -26,8 +26,7 @@ def register(sub) -> None:
 
 
 def _cmd_matrix(args) -> int:
-    from harness.cli.support import fail
-    from harness.core.exit_codes import ExitCode, worst
+    from harness.core.exit_codes import ExitCode, fail, worst
     from harness.core.vllm_releases import UnknownRelease, resolve
     from harness.releases.matrix.run import profiled_releases, run_matrix
     from harness.releases.matrix.table import format_text, write_reports

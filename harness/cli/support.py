@@ -1,11 +1,11 @@
 """What every kvconform verb shares (harness/cli/main.py, harness/cli/capture.py).
 
-- A failure is one line on stderr and an exit code (harness/core/exit_codes.py),
-  never a traceback: `fail(message, code)` prints and returns it; deep inside a
-  verb, `raise CommandError(message, code)` does the same through `run_verb`.
-- The environment is checked before any work starts: `check_vllm()` is None
-  when vLLM imports and its version has a profile (impl/profiles.py), and
-  otherwise prints the one line that says why and returns ENVIRONMENT.
+- A failure is one line on stderr and an exit code, never a traceback:
+  `fail(message, code)` (harness/core/exit_codes.py) prints and returns it;
+  deep inside a verb, `raise CommandError(message, code)` does the same
+  through `run_verb`.
+- The environment is checked before any work starts (`check_vllm`,
+  harness/backends/vllm_check.py).
 - Usage errors (argparse) are one line and BAD_INPUT too (`Parser`).
 """
 
@@ -15,18 +15,7 @@ import argparse
 import os
 import sys
 
-from harness.core.exit_codes import ExitCode
-
-PROG = "kvconform"
-
-
-class CommandError(Exception):
-    """Ends a verb with one line on stderr and `code`."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.BAD_INPUT) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+from harness.core.exit_codes import PROG, CommandError, ExitCode, fail
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,27 +24,10 @@ class Parser(argparse.ArgumentParser):
         sys.exit(ExitCode.BAD_INPUT)
 
 
-def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> ExitCode:
-    print(f"{PROG}: {message}".replace("\n", " "), file=sys.stderr)
-    return code
-
-
 def print_error(error) -> ExitCode:
     """A TraceError (already `file:line: field: message`) on stderr; its code."""
     print(str(error), file=sys.stderr)
     return ExitCode(error.exit_code)
-
-
-def check_vllm() -> ExitCode | None:
-    """None when the installed vLLM imports and has a version profile;
-    otherwise one line on stderr and ENVIRONMENT."""
-    from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
-
-    try:
-        installed_vllm_profile()
-    except EnvironmentProblem as e:
-        return fail(str(e), ExitCode.ENVIRONMENT)
-    return None
 
 
 def run_verb(func, args: argparse.Namespace) -> int:

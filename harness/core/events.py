@@ -15,6 +15,7 @@ A `Lookup` is consumed by the request's next `Allocate`, which adopts its hit.
 from __future__ import annotations
 
 import struct
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -269,3 +270,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 
+
+# A generator of events that is sent each event's agreed answer (a seeded
+# workload decides its next call from the last answer).
+EventStream = Generator[Event, dict, None]

@@ -9,6 +9,7 @@ installed build lacks) is 3. Ctrl-C is 130, the shell's 128 + SIGINT.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from enum import IntEnum
 
@@ -37,3 +38,22 @@ def worst(codes: Iterable[int]) -> ExitCode:
         if code in seen:
             return code
     return ExitCode.OK
+
+
+PROG = "kvconform"
+
+
+class CommandError(Exception):
+    """Ends a verb with one line on stderr and `code` (the verb's runner
+    catches it: harness/cli/support.py run_verb)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.BAD_INPUT) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def fail(message: str, code: ExitCode = ExitCode.BAD_INPUT) -> ExitCode:
+    """One line on stderr; returns `code` for the verb to exit with."""
+    print(f"{PROG}: {message}".replace("\n", " "), file=sys.stderr)
+    return code

@@ -33,8 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.cli.support import CommandError
-from harness.core.exit_codes import ExitCode
+from harness.core.exit_codes import CommandError, ExitCode
 
 RAY_EXTRA = "pip install -e '.[ray]'"
 # Ray turns a loopback node address into the machine's reachable one unless

@@ -27,6 +27,7 @@ from harness.fuzz.actions import (
     StepBoundary,
 )
 from harness.fuzz.driver import Driver
+from harness.report.text import format_failure
 from impl.profiles import VersionProfile
 
 VOCAB = 3
@@ -104,8 +105,6 @@ def make_machine(profile: VersionProfile, backend_factory) -> type[RuleBasedStat
         @invariant()
         def conformant(self):
             if getattr(self, "driver", None) is not None and self.driver.run.failed:
-                from harness.report.text import format_failure
-
                 raise AssertionError(format_failure(self.driver.run.failure))
 
     return KVCacheMachine

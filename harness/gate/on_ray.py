@@ -64,7 +64,8 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
                     fuzz_seconds: float, fuzz_seed: int, fuzz_out: str, junit: str | None,
                     summary: str | None) -> ExitCode:
     from harness.backends.vllm_backend import installed_vllm_profile
-    from harness.cli.support import check_vllm, fail
+    from harness.backends.vllm_check import check_vllm
+    from harness.core.exit_codes import fail
     from harness.fuzz.ray_cluster import Failed, close_pool, open_pool, require_ray
     from harness.gate.run import format_summary, format_table, installed_against, write_junit
 

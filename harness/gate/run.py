@@ -176,7 +176,8 @@ def installed_against() -> Against:
 def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
              junit: str | None, summary: str | None, jobs: str, workloads: bool = True,
              attention: bool = True, json_out: str | None = None) -> ExitCode:
-    from harness.cli.support import check_vllm, fail
+    from harness.backends.vllm_check import check_vllm
+    from harness.core.exit_codes import fail
 
     # Before pytest starts: a missing vLLM or a release without a profile is
     # one line, not a failure per case.

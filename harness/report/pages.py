@@ -20,11 +20,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from harness.backends.traffic import Traffic
 from harness.core.exit_codes import ExitCode
+from harness.core.outcome import TraceOutcome
+from harness.core.traffic import Traffic
 from harness.report.pool_picture import Picture, draw_pool
 from harness.report.text import format_failure, format_outcome_line, verdict_of
-from harness.sources.replay import TraceOutcome
 
 # Rows of the per-request table a page shows at most.
 MAX_REQUEST_ROWS = 400

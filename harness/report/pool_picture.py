@@ -14,7 +14,7 @@ without steps):
 
 A divergence is a red line through all three at the step it happened in, with
 its label inside the picture. The picture is at most `WIDTH_PX` wide, so that
-it fits a page. Pure drawing of a run's observations (harness/backends/traffic.py).
+it fits a page. Pure drawing of a run's observations (harness/core/traffic.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import colorsys
 from dataclasses import dataclass
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
-from harness.backends.traffic import Traffic
+from harness.core.traffic import Traffic
 
 DIVERGENCE_RGB = (0.85, 0.05, 0.05)
 WIDTH_PX = 1100

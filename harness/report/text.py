@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.core.compare import Failure, FailureKind
 from harness.core.exit_codes import ExitCode
-from harness.sources.replay import DivergenceContext, TraceOutcome
+from harness.core.outcome import DivergenceContext, TraceOutcome
 from harness.trace.codec import event_to_dict
 
 
@@ -129,7 +129,7 @@ def _spark(values: list[float | None], width: int = 60) -> str:
 
 
 def format_traffic(o: TraceOutcome, max_requests: int = 20) -> list[str]:
-    """`kvconform stats`: a trace run's traffic (harness/backends/traffic.py) as text."""
+    """`kvconform stats`: a trace run's traffic (harness/core/traffic.py) as text."""
     t = o.traffic
     lines = [format_outcome_line(o)]
     if t is None:

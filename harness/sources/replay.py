@@ -30,16 +30,17 @@ import gc
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.lockstep import run_batch, run_event
-from harness.backends.traffic import Traffic
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
 from harness.core.compare import Failure, FailureKind, check_expected, first_difference
 from harness.core.events import Event, EvictBlocks
 from harness.core.exit_codes import ExitCode
+from harness.core.outcome import DivergenceContext, TraceOutcome
+from harness.core.traffic import Traffic
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
 from harness.trace.rules import random_none_hash
@@ -52,40 +53,6 @@ RELATED_EVENTS = 8
 # Events per batch: long enough for a backend's code to stay warm, short
 # enough that a batch's records are few (the reader streams).
 BATCH = 64
-
-
-@dataclass(slots=True)
-class DivergenceContext:
-    involved_blocks: list[int]
-    before: dict[str, list[dict]]  # backend -> states of the involved blocks
-    after: dict[str, list[dict]]
-    related: list[dict]  # earlier events touching the request or the blocks
-
-
-@dataclass(slots=True)
-class TraceOutcome:
-    path: str
-    num_events: int = 0
-    seconds: float = 0.0  # all of it, backend construction included
-    run_seconds: float = 0.0  # executing the events only
-    divergence: Failure | None = None  # DIVERGED or INVARIANT
-    context: DivergenceContext | None = None
-    error: TraceError | None = None
-    skipped: str | None = None
-    recorded: str | None = None  # path written by record
-    profile: str | None = None  # the trace's version profile, once its header is read
-    # The header's `truncated` note: the trace lacks its end (a capture whose
-    # server died), so a pass is "truncated", never plainly "conformant".
-    truncated: str | None = None
-    # With observe: the run's traffic step by step, as the first backend saw
-    # it (harness/backends/traffic.py), with observe_pool also the pool's states.
-    traffic: Traffic | None = None
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.error is not None:
-            return self.error.exit_code
-        return ExitCode.DIVERGED if self.divergence is not None else ExitCode.OK
 
 
 BackendFactory = Callable[[TraceHeader, VersionProfile, bool], Backend]

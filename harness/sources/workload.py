@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from harness.core.events import (
@@ -25,6 +25,7 @@ from harness.core.events import (
     AppendTokens,
     Checkpoint,
     Event,
+    EventStream,
     EvictBlocks,
     Free,
     Lookup,
@@ -36,8 +37,6 @@ from harness.core.events import (
 )
 from harness.sources.mamba_chunks import MambaChunking
 from impl.profiles import StatsRecordedAt, VersionProfile
-
-EventStream = Generator[Event, dict, None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,8 @@ from harness.core.events import (
     HiSparseStep,
 )
 from harness.core.exit_codes import ExitCode
+from harness.core.trace_error import TraceError
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
-from harness.trace.errors import TraceError
 from harness.trace.rules import TraceRules
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
 from harness.trace.struct_events import fast_events

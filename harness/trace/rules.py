@@ -20,8 +20,8 @@ each event (`check(line, event)`), raising TraceError.
 
 from __future__ import annotations
 
+from harness.core.trace_error import TraceError
 from harness.trace.codec import TraceHeader
-from harness.trace.errors import TraceError
 
 REJECTS = "vLLM rejects this: "
 # Kinds whose hit search asserts DCP and PCP are off (the find_longest_cache_hit

@@ -5,7 +5,7 @@ step it happened in, and requests get colours of their own."""
 from PIL import Image
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
-from harness.backends.traffic import PoolSample, StepStats, Traffic
+from harness.core.traffic import PoolSample, StepStats, Traffic
 from harness.report.pool_picture import DIVERGENCE_RGB, WIDTH_PX, draw_pool, request_colour
 
 
