@@ -27,7 +27,7 @@ from harness.fuzz.generate import FuzzConfig
 from harness.sources.workload import WorkloadSpec
 from impl.profiles import VersionProfile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACES_DIR = ROOT / "traces"
 
 VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",

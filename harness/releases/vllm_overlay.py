@@ -64,7 +64,7 @@ class OverlayInfo:
 def overlays_dir() -> Path:
     """Where overlays live: $KVCONFORM_OVERLAYS, else the project root."""
     env = os.environ.get("KVCONFORM_OVERLAYS")
-    return Path(env) if env else Path(__file__).resolve().parents[1]
+    return Path(env) if env else Path(__file__).resolve().parents[2]
 
 
 def overlay_path(version: str) -> Path:
