@@ -105,6 +105,12 @@ class VllmCpuAttention:
                 self.isa = get_isa(dtype, block_size, head_size, kv_cache_dtype)
             except NotImplementedError as e:
                 raise ValueError(f"vLLM's CPU attention: {e}") from None
+            if self.isa == "amx" and self.fp8:
+                # vLLM picks amx for a bf16 model on an AMX machine whatever the
+                # cache dtype; its fp8 byte order there is not converted here, so
+                # the layer runs vLLM's AVX-512 kernels, the ones every AVX-512
+                # machine without AMX runs: the result does not follow the CPU.
+                self.isa = "vec" if block_size % 32 == 0 else "vec16"
             if self.isa not in SUPPORTED_ISAS:
                 raise VllmUnavailable(f"CPU attention ISA '{self.isa}' has no cache "
                                       "conversion here")

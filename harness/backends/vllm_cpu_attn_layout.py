@@ -44,9 +44,12 @@ def region_index(isa: str, block_size: int, head_size: int, itemsize: int
         return (d * block_size + n).expand(block_size, head_size).contiguous(), \
             (n * head_size + d).expand(block_size, head_size).contiguous()
     if isa == "amx":
-        per_word = 4 // itemsize
-        if per_word < 1 or 4 % itemsize:
-            raise ValueError(f"the amx layout packs 4-byte words; itemsize {itemsize}")
+        # Only 2-byte elements (bf16, fp16) are checked against vLLM's amx
+        # kernels; an fp8 cache's amx order is not.
+        if itemsize != 2:
+            raise ValueError(f"the amx layout is converted for 2-byte elements only, "
+                             f"not itemsize {itemsize}")
+        per_word = 2
         tokens_per_group = _AMX_ROW_BYTES // 4
         dims_per_group = _AMX_ROW_BYTES // 4
         if block_size % tokens_per_group or head_size % dims_per_group:

@@ -156,3 +156,22 @@ def test_mla_prefill_has_no_paged_vllm_op():
     p = build_case(AttentionCase("p", (5,), (9,), num_heads=4, num_kv_heads=1,
                                  head_size=MLA_HEAD_SIZE, block_size=16, kind=case.kind))
     assert "decode batches only" in vllm.serves(p.batch)
+
+
+def test_an_fp8_cache_takes_the_avx512_kernels_where_vllm_picks_amx(monkeypatch):
+    """On an AMX machine vLLM picks amx for a bf16 model whatever the cache
+    dtype; an fp8 cache runs vLLM's AVX-512 kernels instead (its amx byte order
+    is not converted), so the fp8 results are the same on every AVX-512 CPU.
+    CI's processor has AMX and this one may not: the pick is forced here."""
+    import harness.backends.vllm_cpu_attention as module
+
+    ops, _, envs, backend = module._ops()
+    monkeypatch.setattr(module, "_ops", lambda: (ops, lambda *a: "amx", envs, backend))
+    case = _case("full", torch.bfloat16, "fp8")
+    layer = VllmCpuAttention(case.num_blocks, case.block_size, case.num_heads,
+                             case.num_kv_heads, case.head_size, case.dtype, case.scale,
+                             case.attention, "fp8", 0.5, 0.5)
+    assert layer.isa == "vec"
+    with pytest.raises(ValueError, match="2-byte elements only"):
+        from harness.backends.vllm_cpu_attn_layout import region_index
+        region_index("amx", 32, 64, 1)

