@@ -13,7 +13,7 @@ from impl.kv_cache_spec import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from impl.managers.base import SingleTypeKVCacheManager
+from impl.managers.base import SingleTypeKVCacheManager  # noqa: F401
 from impl.managers.chunked_local import ChunkedLocalAttentionManager
 from impl.managers.circular_buffer import CircularBufferManager
 from impl.managers.cross_attention import CrossAttentionManager
@@ -24,40 +24,32 @@ from impl.managers.hisparse import (
     HiSparseSourceManager,
 )
 from impl.managers.mamba import MambaManager
+from impl.managers.registry import (
+    manager_class_for as manager_class_for,
+)
+from impl.managers.registry import (
+    register_manager,
+    register_role_manager,
+)
 from impl.managers.rswa import RSWAManager
 from impl.managers.sink_full_attention import SinkFullAttentionManager
 from impl.managers.sliding_window import SlidingWindowManager
 from impl.math_utils import cdiv
 
-# Looked up along the spec's class hierarchy, most specific first: an MLA
-# spec is a FullAttentionSpec and is kept like one.
-_BY_SPEC: dict[type, type[SingleTypeKVCacheManager]] = {
-    SinkFullAttentionSpec: SinkFullAttentionManager,
-    RSWASpec: RSWAManager,
-    CircularBufferSpec: CircularBufferManager,
-    FullAttentionSpec: FullAttentionManager,
-    SlidingWindowSpec: SlidingWindowManager,
-    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
-    MambaSpec: MambaManager,
-    CrossAttentionSpec: CrossAttentionManager,
-    HiSparseResidentSpec: HiSparseResidentManager,
-    HiSparseHotSpec: HiSparseHotManager,
-}
-# A group's role, where it picks the manager before the spec does.
-_BY_ROLE: dict[KVCacheGroupRole, type[SingleTypeKVCacheManager]] = {
-    KVCacheGroupRole.HISPARSE_SOURCE: HiSparseSourceManager,
-}
-
-
-def manager_class_for(spec: KVCacheSpec, role: KVCacheGroupRole | None = None
-                      ) -> type[SingleTypeKVCacheManager]:
-    if role in _BY_ROLE:
-        return _BY_ROLE[role]
-    for kind in type(spec).__mro__:
-        if kind in _BY_SPEC:
-            return _BY_SPEC[kind]
-    raise NotImplementedError(f"no manager keeps a {type(spec).__name__}")
-
+for _spec, _manager in (
+    (SinkFullAttentionSpec, SinkFullAttentionManager),
+    (RSWASpec, RSWAManager),
+    (CircularBufferSpec, CircularBufferManager),
+    (FullAttentionSpec, FullAttentionManager),
+    (SlidingWindowSpec, SlidingWindowManager),
+    (ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager),
+    (MambaSpec, MambaManager),
+    (CrossAttentionSpec, CrossAttentionManager),
+    (HiSparseResidentSpec, HiSparseResidentManager),
+    (HiSparseHotSpec, HiSparseHotManager),
+):
+    register_manager(_spec, _manager)
+register_role_manager(KVCacheGroupRole.HISPARSE_SOURCE, HiSparseSourceManager)
 
 def max_admission_blocks_per_request(
     spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int
