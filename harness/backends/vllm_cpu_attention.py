@@ -43,6 +43,12 @@ class VllmUnavailable(RuntimeError):
     environment problem."""
 
 
+class ProcessorUnsupported(VllmUnavailable):
+    """vLLM serves the layer, but not on this processor (an fp8 cache without
+    AVX-512 or AMX): the machine decides, so it is the environment, never a
+    result."""
+
+
 def _ops():
     try:
         from vllm import _custom_ops as ops
@@ -74,6 +80,9 @@ def unsupported_reason(kind, head_size: int, block_size: int, dtype: torch.dtype
     # multiples of 16 too (the vec16 ISA), which the differential uses.
     if block_size % 16:
         return f"vLLM's CPU attention needs block sizes that are multiples of 16, not {block_size}"
+    if kv_cache_dtype != "auto" and head_size % 32:
+        return f"vLLM's CPU attention keeps an fp8 cache for head sizes of multiples of 32, " \
+               f"not {head_size}"
     if kind.chunk_size and kind.chunk_size % block_size:
         return f"vLLM's chunked local attention needs chunks of whole blocks ({block_size})"
     return None
@@ -104,7 +113,10 @@ class VllmCpuAttention:
             try:
                 self.isa = get_isa(dtype, block_size, head_size, kv_cache_dtype)
             except NotImplementedError as e:
-                raise ValueError(f"vLLM's CPU attention: {e}") from None
+                # The pick refuses only for what the CPU lacks: the rest of its
+                # limits are unsupported_reason's, checked above.
+                raise ProcessorUnsupported(f"vLLM's CPU attention on this processor: {e}"
+                                           ) from None
             if self.isa == "amx" and self.fp8:
                 # vLLM picks amx for a bf16 model on an AMX machine whatever the
                 # cache dtype; its fp8 byte order there is not converted here, so

@@ -305,3 +305,14 @@ def test_a_failing_vllm_op_is_an_environment_result(hand_trace, monkeypatch):
     o = check_attention(hand_trace)
     assert o.exit_code == 3 and "simulated kernel failure" in o.error
     assert o.failure_message() == o.error
+
+
+def test_an_fp8_run_on_a_cpu_without_avx512_is_exit_3(hand_trace, monkeypatch):
+    """The differential of an fp8 cache where vLLM's CPU attention cannot
+    keep one (no AVX-512, no AMX: hidden from vLLM's ISA pick) is an
+    environment result naming what is missing, not a reference-only pass."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    o = check_attention(hand_trace, AttentionOptions(kv_cache_dtype="fp8"))
+    assert o.exit_code == 3, o.error
+    assert "AVX-512" in o.error and hand_trace in o.error

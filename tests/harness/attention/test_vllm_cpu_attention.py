@@ -16,6 +16,7 @@ from harness.attention.tolerances import allowed, impl_path
 from harness.backends.vllm_cpu_attention import (
     MLA_BLOCK_SIZE,
     MLA_HEAD_SIZE,
+    ProcessorUnsupported,
     VllmCpuAttention,
     VllmUnavailable,
     unsupported_reason,
@@ -45,9 +46,12 @@ def _both(case: AttentionCase):
     """impl and vLLM, each writing every row of the case with its own ops."""
     p = build_case(case, write_new=False)
     kind = case.attention
-    vllm = VllmCpuAttention(case.num_blocks, case.block_size, case.num_heads,
-                            case.num_kv_heads, case.head_size, case.dtype, case.scale, kind,
-                            case.kv_cache_dtype, float(p.k_scale), float(p.v_scale))
+    try:
+        vllm = VllmCpuAttention(case.num_blocks, case.block_size, case.num_heads,
+                                case.num_kv_heads, case.head_size, case.dtype, case.scale,
+                                kind, case.kv_cache_dtype, float(p.k_scale), float(p.v_scale))
+    except ProcessorUnsupported as e:  # the machine, not a result
+        pytest.skip(str(e))
     slots, k, v = p.all_rows
     impl_write(k, v, p.cache, slots, kind, case.kv_cache_dtype, p.k_scale, p.v_scale)
     vllm.write(k, v, slots)
@@ -175,3 +179,23 @@ def test_an_fp8_cache_takes_the_avx512_kernels_where_vllm_picks_amx(monkeypatch)
     with pytest.raises(ValueError, match="2-byte elements only"):
         from harness.backends.vllm_cpu_attn_layout import region_index
         region_index("amx", 32, 64, 1)
+
+
+def _hide_avx512_and_amx(monkeypatch):
+    """vLLM's ISA pick asks torch what the CPU has: answering 'neither' makes
+    this machine the AVX2-only EPYC a fresh clone may land on."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+
+
+def test_an_fp8_cache_without_avx512_is_the_environment(monkeypatch):
+    _hide_avx512_and_amx(monkeypatch)
+    with pytest.raises(ProcessorUnsupported, match="AVX-512"):
+        VllmCpuAttention(8, 32, 4, 2, 64, torch.bfloat16, 0.125, AttentionKind(), "fp8")
+    # The same layer with a bf16 cache runs on vLLM's AVX2 kernels: only what
+    # the CPU lacks is the environment.
+    assert VllmCpuAttention(8, 32, 4, 2, 64, torch.bfloat16, 0.125, AttentionKind()).isa \
+        in ("vec", "vec16")
+    # Where head sizes rule fp8 out the backend declares it: not the processor.
+    assert "multiples of 32" in unsupported_reason(AttentionKind(), 80, 32, torch.bfloat16,
+                                                    "fp8")
