@@ -179,7 +179,16 @@ def wants_attention(path: str) -> bool:
 
 
 def _sidecar_path(trace_path: str, name: str) -> str:
-    return name if os.path.isabs(name) else os.path.join(os.path.dirname(trace_path), name)
+    """The sidecar's path, inside the trace's folder: a gate fed captured
+    traces must not open files elsewhere on a trace's say-so (symlinks
+    followed before the check)."""
+    folder = os.path.realpath(os.path.dirname(trace_path) or ".")
+    path = os.path.realpath(os.path.join(folder, name))
+    if os.path.isabs(name) or os.path.commonpath([folder, path]) != folder:
+        raise TraceError(trace_path, 1, "tensors",
+                         f"'{name}' is outside the trace's folder; a sidecar lies beside "
+                         "its trace")
+    return path
 
 
 def check_attention(path: str, options: AttentionOptions = AttentionOptions()
@@ -219,7 +228,10 @@ def _run(path: str, options: AttentionOptions, outcome: AttentionOutcome) -> Non
                        "with")
     recorded = None
     if header.tensors is not None:
-        recorded = RecordedTensors(_sidecar_path(path, header.tensors))
+        try:
+            recorded = RecordedTensors(_sidecar_path(path, header.tensors))
+        except SidecarError as e:
+            raise TraceError(path, 1, "tensors", str(e)) from None
     try:
         dtype = torch_dtype(options.dtype or header.model.dtype)
     except ValueError as e:

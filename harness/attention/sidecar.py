@@ -28,6 +28,11 @@ class SidecarError(ValueError):
     """The sidecar is missing or does not follow the contract."""
 
 
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 @dataclass(slots=True)
 class RecordedRows:
     query: torch.Tensor
@@ -43,7 +48,10 @@ class RecordedTensors:
         if not os.path.exists(path):
             raise SidecarError(f"{path}: no such tensors sidecar")
         self.path = path
-        self._file = safe_open(path, framework="pt")
+        try:
+            self._file = safe_open(path, framework="pt")
+        except Exception as e:  # noqa: BLE001 - safetensors' own error types vary by version
+            raise SidecarError(f"{path}: not a safetensors file ({_first_line(e)})") from None
         self.metadata: dict[str, str] = self._file.metadata() or {}
         self._keys = set(self._file.keys())
         self._steps: dict[int, tuple[dict[str, tuple[int, int]], dict[str, torch.Tensor]]] = {}

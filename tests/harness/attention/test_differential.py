@@ -316,3 +316,37 @@ def test_an_fp8_run_on_a_cpu_without_avx512_is_exit_3(hand_trace, monkeypatch):
     o = check_attention(hand_trace, AttentionOptions(kv_cache_dtype="fp8"))
     assert o.exit_code == 3, o.error
     assert "AVX-512" in o.error and hand_trace in o.error
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "link.safetensors"])
+def test_a_sidecar_outside_the_trace_folder_is_refused_unread(tmp_path, name):
+    """A gate fed captured traces opens nothing outside a trace's folder on
+    the trace's say-so (a symlink out counts as outside)."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"not read")
+    (folder / "link.safetensors").symlink_to(outside)
+    trace = folder / "t.yaml"
+    trace.write_text(HAND.replace("  model:", f"  tensors: {name}\n  model:"))
+    o = check_attention(str(trace), NO_VLLM)
+    assert o.exit_code == 2
+    assert o.error == (f"{trace}:1: tensors: '{name}' is outside the trace's folder; "
+                       "a sidecar lies beside its trace")
+
+
+def test_a_sidecar_that_is_not_safetensors_is_bad_input(tmp_path, capsys):
+    """`kvconform diff` on a trace whose sidecar is no safetensors file: one
+    line naming the trace, line 1 and the field, exit 2 (not a traceback and
+    not the divergence code)."""
+    from harness.cli.main import main
+
+    (tmp_path / "t.safetensors").write_bytes(b"\x00" * 64)
+    trace = tmp_path / "t.yaml"
+    trace.write_text(HAND.replace("  model:", "  tensors: t.safetensors\n  model:"))
+    assert main(["diff", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "tensors" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{trace}:1: tensors: ")
+    assert "not a safetensors file" in lines[0]
