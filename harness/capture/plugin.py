@@ -144,6 +144,11 @@ def _on_stop_signals(writer) -> None:
         return  # handlers can only be installed from the main thread
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:
+            # The process was started ignoring it (a background job of a
+            # non-interactive shell ignores SIGINT): hooking it would make the
+            # capture act on a signal the server goes on running through.
+            continue
 
         def handler(signum, frame, previous=previous):
             try:

@@ -5,9 +5,11 @@ missing. Each runs the plugin in a process of its own."""
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,16 +113,65 @@ print("exit", supervise(sys.argv[3:], None, sys.argv[1], wait_s=float(sys.argv[2
 """
 
 
-def _start(script: str, *args: str) -> subprocess.Popen:
+# Generous: the children print within a minute on a loaded 2-core machine.
+LINE_TIMEOUT_S = 300
+
+
+def _as_from_a_terminal() -> None:
+    # A child inherits an ignored SIGINT (pytest run as a background job of a
+    # script): these children stand for programs a user stops with Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(script: str, *args: str, sigint_ignored: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
+    reset = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored \
+        else _as_from_a_terminal
     return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=reset)
+
+
+def _state(proc: subprocess.Popen) -> str:
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return f"pid {proc.pid}, state {fields.get('State', '?').strip()}"
+    except OSError:
+        return f"pid {proc.pid}, exit code {proc.poll()}"
 
 
 def _line(proc: subprocess.Popen) -> str:
-    line = proc.stdout.readline()  # the processes print within minutes at worst
-    assert line, f"the child exited ({proc.wait()}) before saying anything"
+    """The child's next line, within LINE_TIMEOUT_S: a child that neither
+    prints nor exits fails the test with its state, never hangs it. A thread
+    reads the pipe (a timed select would miss lines already buffered)."""
+    lines = getattr(proc, "_lines", None)
+    if lines is None:
+        lines = proc._lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in iter(proc.stdout.readline, "")]
+                         + [lines.put("")], daemon=True).start()
+    try:
+        line = lines.get(timeout=LINE_TIMEOUT_S)
+    except queue.Empty:
+        pytest.fail(f"the child said nothing for {LINE_TIMEOUT_S} s ({_state(proc)})")
+    assert line, f"the child exited ({proc.wait(timeout=60)}) before saying anything"
     return line
+
+
+def test_a_process_that_ignores_sigint_keeps_ignoring_it(tmp_path):
+    """A server started ignoring SIGINT (a background job of a script) runs
+    on through one: the plugin hooks only the signals the process acts on, so
+    the capture does not act on a stop that never comes."""
+    probe = "import signal\nfrom harness.capture import plugin\n" \
+        "plugin._on_stop_signals(type('W', (), {'stopping': lambda self: None})())\n" \
+        "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, " \
+        "signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)\n"
+    for ignored, expected in ((True, "True False"), (False, "False False")):
+        proc = _start(probe, sigint_ignored=ignored)
+        try:
+            assert _line(proc).strip() == expected
+        finally:
+            proc.kill()
+            proc.wait(timeout=60)
 
 
 def test_at_sigint_everything_is_on_disk_and_the_part_is_closed(tmp_path):
@@ -138,7 +189,7 @@ def test_at_sigint_everything_is_on_disk_and_the_part_is_closed(tmp_path):
         written = int(_line(proc))
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     # Every part under its final name, nothing lost, the line after the signal too.
     names = sorted(p.name for p in folder.iterdir())
     assert names and not any(n.endswith(PARTIAL) for n in names)
@@ -160,7 +211,7 @@ def test_after_sigkill_at_most_the_last_second_is_lost_and_join_says_so(
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     assert said["freed"] and said["running"], said  # the kill finds requests running
     (session,) = sessions(str(folder))
 
@@ -203,7 +254,8 @@ def _supervised(tmp_path, events: int, stop, deaf: bool = False) -> tuple[str, s
         [sys.executable, "-c", SUPERVISOR, str(tmp_path / "capture"), "120",
          sys.executable, "-c", SERVER, str(tmp_path / "capture"), str(events),
          "deaf" if deaf else "-"],
-        env=env, stdout=out.open("w"), stderr=err.open("w"), start_new_session=True)
+        env=env, stdout=out.open("w"), stderr=err.open("w"), start_new_session=True,
+        preexec_fn=_as_from_a_terminal)
     try:
         _wait_for(out, "ready", proc)
         stop(proc, err)
@@ -211,7 +263,7 @@ def _supervised(tmp_path, events: int, stop, deaf: bool = False) -> tuple[str, s
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(timeout=60)
     return out.read_text(), err.read_text()
 
 
@@ -254,7 +306,7 @@ def test_without_capture_serve_the_same_server_leaves_its_part_partial(tmp_path)
         assert proc.wait(timeout=600) == -signal.SIGKILL
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     (session,) = sessions(str(tmp_path))
     assert sorted(p.name for p in Path(session).iterdir()) == [part_name(0) + PARTIAL]
     with pytest.raises(JoinError, match="never closed"):
