@@ -10,7 +10,9 @@ without steps):
   block, black for the null block;
 - the prefix-cache hit rate of each step's lookups (tokens hit / tokens looked
   up), and the running hit rate;
-- the pool's usage at each step's end.
+- the pool's usage at each step's end, with the steps that preempted a request
+  (triangles at the top) and those that evicted cached blocks (ticks at the
+  bottom), each counted in the legend: where the pool ran short.
 
 A divergence is a red line through all three at the step it happened in, with
 its label inside the picture. The picture is at most `WIDTH_PX` wide, so that
@@ -20,7 +22,7 @@ it fits a page. Pure drawing of a run's observations (harness/core/traffic.py).
 from __future__ import annotations
 
 import colorsys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.backends.base import POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED
 from harness.core.traffic import Traffic
@@ -39,6 +41,9 @@ class Picture:
     height: int
     # Pixel column of the red divergence line (None without a divergence).
     divergence_x: int | None
+    # Pixel columns of the steps marked with a preemption / an eviction.
+    preemption_x: list[int] = field(default_factory=list)
+    eviction_x: list[int] = field(default_factory=list)
 
 
 def request_colour(k: int) -> tuple[float, float, float]:
@@ -121,6 +126,7 @@ def draw_pool(traffic: Traffic, path: str, divergence: bool = False,
     ax_use.set_ylim(0, 1.05 if peak > 0.5 else max(peak * 1.25, 0.001))
     ax_use.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
     ax_use.set_ylabel("pool usage")
+    preempted, evicting = _mark_pressure(ax_use, steps, traffic.counts_evictions)
     ax_use.set_xlabel(unit)
     ax_use.set_xlim(left, right)
 
@@ -143,7 +149,43 @@ def draw_pool(traffic: Traffic, path: str, divergence: bool = False,
     x_px = None
     if div_x is not None:
         x_px = int(round(ax.transData.transform((div_x, 0))[0]))
+    def columns(xs) -> list[int]:
+        return [int(round(ax_use.transData.transform((v, 0))[0])) for v in xs]
+
     fig.savefig(path)
     w, h = fig.canvas.get_width_height()
     plt.close(fig)
-    return Picture(path, w, h, x_px)
+    return Picture(path, w, h, x_px, columns(preempted), columns(evicting))
+
+
+PREEMPTION_RGB = (0.58, 0.0, 0.83)
+EVICTION_RGB = (0.55, 0.34, 0.16)
+
+
+def pressure_steps(steps) -> tuple[list[int], list[int]]:
+    """The steps with a preemption, and those with a prefix-cache eviction:
+    where the pool ran short, which the usage curve alone does not show."""
+    return ([s.step for s in steps if s.preemptions], [s.step for s in steps if s.evicted])
+
+
+def _mark_pressure(ax, steps, counts_evictions: bool) -> tuple[list[int], list[int]]:
+    """Preemptions as ticks above the usage curve, evictions below it, each
+    counted in the legend (which says so when evictions were not counted)."""
+    preempted, evicting = pressure_steps(steps)
+    n_pre = sum(s.preemptions for s in steps)
+    n_ev = sum(s.evicted for s in steps)
+    top = ax.get_ylim()[1]
+    ax.plot(preempted, [top * 0.97] * len(preempted), "v", ms=5, color=PREEMPTION_RGB,
+            linestyle="none", label=f"preemption ({n_pre})", clip_on=False)
+    if counts_evictions:
+        ax.plot(evicting, [top * 0.03] * len(evicting), "|", ms=8, mew=1.5,
+                color=EVICTION_RGB, linestyle="none",
+                label=f"prefix-cache eviction ({n_ev} blocks)")
+        label = None
+    else:
+        label = "evictions not counted (this backend queues no KV events)"
+    if label:
+        ax.plot([], [], " ", label=label)
+        evicting = []
+    ax.legend(loc="upper left", fontsize=7, frameon=False, ncol=3)
+    return preempted, evicting

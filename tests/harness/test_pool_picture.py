@@ -69,3 +69,45 @@ def test_fifty_requests_get_fifty_colours():
     for k in range(49):
         a, b = request_colour(k), request_colour(k + 1)
         assert sum(abs(x - y) for x, y in zip(a, b)) > 0.2
+
+
+def _near(img, x, rgb, tol=60):
+    """Whether a pixel of colour `rgb` lies in column x (or one beside it),
+    below the pool panel (whose request colours may come near any colour)."""
+    want = tuple(round(c * 255) for c in rgb)
+    return any(all(abs(a - b) < tol for a, b in zip(img.getpixel((c, y)), want))
+               for c in (x - 1, x, x + 1) for y in range(int(img.height * 0.6), img.height))
+
+
+def test_preemptions_and_evictions_are_marked_on_the_usage_panel(tmp_path):
+    from harness.report.pool_picture import EVICTION_RGB, PREEMPTION_RGB
+
+    t = _traffic(40, 12)
+    t.steps[10].preemptions, t.steps[30].preemptions = 2, 1
+    t.steps[20].evicted = 5
+    pic = draw_pool(t, str(tmp_path / "p.png"))
+    img = Image.open(pic.path).convert("RGB")
+    assert len(pic.preemption_x) == 2 and len(pic.eviction_x) == 1
+    assert pic.preemption_x[0] < pic.eviction_x[0] < pic.preemption_x[1]
+    for x in pic.preemption_x:
+        assert _near(img, x, PREEMPTION_RGB)
+    assert _near(img, pic.eviction_x[0], EVICTION_RGB)
+    # Negative control: a run without either has no such marks.
+    quiet = draw_pool(_traffic(40, 12), str(tmp_path / "q.png"))
+    q = Image.open(quiet.path).convert("RGB")
+    assert quiet.preemption_x == [] and quiet.eviction_x == []
+    assert not _near(q, pic.preemption_x[0], PREEMPTION_RGB)
+
+
+def test_the_golden_preemption_trace_shows_its_preemptions(tmp_path):
+    """`kvconform report` on the tight-memory trace: what `stats` counts (its
+    preemptions and evicted blocks), the picture marks."""
+    from harness.sources.replay import check_trace
+
+    o = check_trace("traces/golden/v0.32/tight-memory-preemption.jsonl", ["impl"],
+                    observe=True, observe_pool=True)
+    t = o.traffic
+    assert t.preemptions > 0 and t.evicted > 0
+    pic = draw_pool(t, str(tmp_path / "g.png"))
+    assert len(pic.preemption_x) == sum(1 for s in t.steps if s.preemptions)
+    assert len(pic.eviction_x) == sum(1 for s in t.steps if s.evicted)
