@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
@@ -41,6 +42,7 @@ from harness.core.events import Event, EvictBlocks
 from harness.core.exit_codes import ExitCode
 from harness.core.outcome import DivergenceContext, TraceOutcome
 from harness.core.traffic import Traffic
+from harness.sources import side_by_side
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, event_to_dict
 from harness.trace.rules import random_none_hash
@@ -264,14 +266,57 @@ def _progress(trace: Trace):
 def _run_batched(trace: Trace, backends: list[Backend], bar) -> int | None:
     """The events through run_batch, each answer checked against the trace's
     recorded answer and expectations after its batch: the number of events
-    when every check passed, None at the first batch with a failure."""
-    reference, others = backends[0], tuple(backends[1:])
+    when every check passed, None at the first batch with a failure. Two
+    backends run side by side where the machine allows (the reference in a
+    forked process, harness/sources/side_by_side.py), with the same answers."""
+    if len(backends) == 2 and side_by_side.available():
+        reference = side_by_side.BatchProcess(partial(_reference_batches, trace.path,
+                                                      backends[0]))
+        try:
+            return _check_batches(trace, bar, partial(_beside, reference, backends[1]))
+        finally:
+            reference.close()
+    return _check_batches(trace, bar, partial(_in_turn, backends[0], tuple(backends[1:])))
+
+
+def _in_turn(reference: Backend, others: tuple[Backend, ...], events: list[Event]
+             ) -> list | None:
+    return run_batch(events, reference, others)
+
+
+def _beside(reference: side_by_side.BatchProcess, other: Backend, events: list[Event]
+            ) -> list | None:
+    mine = run_batch(events, other, ())
+    theirs = reference.next_batch()
+    return theirs if mine is not None and theirs == mine else None
+
+
+def _reference_batches(path: str, reference: Backend):
+    """In the forked process: the reference backend (inherited as built, the
+    parent's copy) over the trace, read from a reader of its own."""
+    records = iter(open_trace(path).records)
+
+    def batches():
+        while True:
+            batch, bad_input = _next_batch(records)
+            if batch:
+                answers = run_batch([r.event for r in batch], reference, ())
+                yield answers
+                if answers is None:
+                    return
+            if bad_input is not None or len(batch) < BATCH:
+                return
+    return batches()
+
+
+def _check_batches(trace: Trace, bar, run: Callable[[list[Event]], list | None]
+                   ) -> int | None:
     records = iter(trace.records)
     n = 0
     while True:
         batch, bad_input = _next_batch(records)
         if batch:
-            answers = run_batch([r.event for r in batch], reference, others)
+            answers = run([r.event for r in batch])
             if answers is None:
                 return None
             for record, answer in zip(batch, answers):
