@@ -27,6 +27,7 @@ history.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from harness.backends.base import Backend
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.lockstep import run_batch, run_event
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
+from harness.core import pool_memory
 from harness.core.compare import Failure, FailureKind, check_expected, first_difference
 from harness.core.events import Event, EvictBlocks
 from harness.core.exit_codes import ExitCode
@@ -132,7 +134,10 @@ def _context(
 
 def _build(path: str, trace: Trace, names: list[str], check_invariants: bool) -> list[Backend]:
     """The named backends for the trace's cache config; a config a backend
-    refuses to build is bad input, one line naming the header."""
+    refuses to build is bad input, one line naming the header; a pool the
+    machine has not the memory for is the environment, said before any
+    backend builds it."""
+    _check_pool(path, trace.header.cache.num_blocks, names)
     backends = []
     for name in names:
         try:
@@ -144,6 +149,15 @@ def _build(path: str, trace: Trace, names: list[str], check_invariants: bool) ->
             raise TraceError(path, 1, "cache", f"{title} rejects this: {type(e).__name__}: {e}"
                              ) from None
     return backends
+
+
+def _check_pool(path: str, num_blocks: int, names: list[str]) -> None:
+    estimate, problem = pool_memory.pool_problem(num_blocks, names,
+                                                 pool_memory.available_bytes())
+    if problem is not None:
+        raise TraceError(path, 1, "cache.num_blocks", problem, ExitCode.ENVIRONMENT)
+    if num_blocks >= pool_memory.NOTE_FROM_BLOCKS:
+        print(f"{path}: {estimate.describe()} on {' and '.join(names)}", file=sys.stderr)
 
 
 def check_trace(
