@@ -15,6 +15,9 @@ import fractions
 import re
 from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
+from math import prod
+
+from impl.math_utils import cdiv
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -63,6 +66,34 @@ class KVCacheSpec:
         """`kv_cache_spec_sliding_window` of the group's BlockStored events."""
         return None
 
+    # Bytes a page is padded to (a hybrid model's pages padded to its
+    # largest); kinds that can be padded have it as a field.
+    page_size_padded = None
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Bytes of one block's content, before any padding."""
+        raise NotImplementedError(f"no page size for {type(self).__name__}")
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of this layer takes: the padding where set, never
+        below the content."""
+        content, padded = self.real_page_size_bytes, self.page_size_padded
+        if padded is None:
+            return content
+        if padded < content:
+            raise AssertionError(f"a page padded to {padded} bytes is smaller than "
+                                 f"its {content} bytes of content")
+        return padded
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int | None:
+        """The most blocks one request of a recycling kind holds at a time
+        (what full_sequence_must_fit admits by, and what sizing reserves);
+        None for kinds that keep every block until the request ends."""
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class AttentionSpec(KVCacheSpec):
@@ -97,6 +128,34 @@ class AttentionSpec(KVCacheSpec):
     def v_head_size(self) -> int:
         return self.head_size if self.head_size_v is None else self.head_size_v
 
+    # A page is a [heads, states, content] grid (vLLM's names for its sides).
+    @property
+    def num_heads(self) -> int:
+        """Rows of the page grid: the backend's head slots, else one a KV head."""
+        return self.num_kv_heads if self.num_head_slots is None else self.num_head_slots
+
+    def get_num_kernel_states(self, block_size: int) -> int:
+        """Stored states in a block of `block_size` tokens (a kernel's block
+        may be smaller than the spec's)."""
+        per_state = self.tokens_per_state
+        return int(block_size // per_state) if per_state > 0 else 1
+
+    @property
+    def num_states(self) -> int:
+        """Stored states in one of the spec's own blocks."""
+        return self.get_num_kernel_states(self.block_size)
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        """Bytes of one (head, state) cell: K then V of a token unless packed."""
+        packed = self.state_content_bytes
+        return (self.head_size + self.v_head_size) * self.dtype_size if packed is None else packed
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        cells = self.num_heads * self.num_states
+        return cells * self.state_content_size_bytes
+
 
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec(AttentionSpec):
@@ -111,9 +170,7 @@ def _pad_to_alignment(spec) -> None:
     V4 kernels), recorded as the spec's padded page as vLLM records it."""
     if spec.alignment is None:
         return
-    from impl.kv_cache_sizing import unpadded_page_size_bytes
-
-    raw = unpadded_page_size_bytes(spec)
+    raw = spec.real_page_size_bytes
     rounded = -(-raw // spec.alignment) * spec.alignment
     if rounded != raw:
         object.__setattr__(spec, "page_size_padded", rounded)
@@ -174,6 +231,13 @@ class SlidingWindowSpec(AttentionSpec):
     def sliding_window_of_events(self) -> int | None:
         return self.sliding_window
 
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # The window behind the last computed token plus what is in flight;
+        # one more since the window need not start on a block boundary.
+        span = self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), self.block_size) + 1
+
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowMLASpec(SlidingWindowSpec):
@@ -208,6 +272,12 @@ class CircularBufferSpec(AttentionSpec):
 class ChunkedLocalAttentionSpec(AttentionSpec):
     attention_chunk_size: int = 0
 
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # The current chunk so far plus what is in flight.
+        span = self.attention_chunk_size + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), self.block_size)
+
 
 @dataclass(frozen=True, slots=True)
 class CrossAttentionSpec(AttentionSpec):
@@ -232,6 +302,11 @@ class MambaSpec(KVCacheSpec):
     # chunk start (None: the backend cannot export one).
     num_prefill_checkpoint_blocks: int = 0  # 0 or 1 in practice
     prefill_checkpoint_alignment: int | None = None  # tokens
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Its state tensors, whatever the block size."""
+        return sum(prod(s) * d for s, d in zip(self.shapes, self.dtype_sizes))
 
 
 class KVCacheGroupRole(Enum):

@@ -526,10 +526,10 @@ def _impl(spec):
 
 def _spec_subclass(vllm_cls):
     def page_size_bytes(self) -> int:
-        return isizing.page_size_bytes(_impl(self))
+        return _impl(self).page_size_bytes
 
     def unpadded(self) -> int:
-        return isizing.unpadded_page_size_bytes(_impl(self))
+        return _impl(self).real_page_size_bytes
 
     def merge(cls, specs):
         # impl's MergeError (an AssertionError) or window ValueError goes to
@@ -546,16 +546,16 @@ def _spec_subclass(vllm_cls):
         return isizing.max_num_blocks_per_req(_impl(self), max_len, **_usage_args(vllm_config))
 
     def num_heads(self) -> int:
-        return isizing.num_heads(_impl(self))
+        return _impl(self).num_heads
 
     def state_content_size_bytes(self) -> int:
-        return isizing.state_content_size_bytes(_impl(self))
+        return _impl(self).state_content_size_bytes
 
     def num_states(self) -> int:
-        return isizing.num_states(_impl(self))
+        return _impl(self).num_states
 
     def get_num_kernel_states(self, kernel_block_size: int) -> int:
-        return isizing.num_states(_impl(self), kernel_block_size)
+        return _impl(self).get_num_kernel_states(kernel_block_size)
 
     def has_layer_views(self) -> bool:
         return _impl(self).has_layer_views
@@ -604,7 +604,7 @@ def _uniform_subclass(vllm_cls):
                     _impl(s) == first)
 
     def page_size_bytes(self) -> int:
-        return isizing.page_size_bytes(_impl(self))
+        return _impl(self).page_size_bytes
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
         cfg = planning_config(vllm_config)
