@@ -52,6 +52,14 @@ class KVCacheSpec:
     # Whether the worker writes a slot per token for it (False: the spec
     # addresses its own pages).
     uses_slot_mapping = True
+    # Whether block i of a request's table holds its tokens [i*bs, (i+1)*bs)
+    # (attention), rather than per-request state or a region moved whole;
+    # the facade cuts such tables to the computed tokens (spec §16.10).
+    token_blocks = False
+    # Whether the blocks hold the encoder's tokens, not the request's own
+    # (cross attention; vLLM's encoder-only attention): neither cut to the
+    # request's computed tokens nor counted as its cached prefix.
+    reads_encoder_tokens = False
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
@@ -65,6 +73,17 @@ class KVCacheSpec:
     def sliding_window_of_events(self) -> int | None:
         """`kv_cache_spec_sliding_window` of the group's BlockStored events."""
         return None
+
+    @property
+    def clipped_to_computed_tokens(self) -> bool:
+        """get_block_ids_for_computed_tokens cuts the group's ids to the
+        blocks the computed tokens occupy."""
+        return self.token_blocks and not self.reads_encoder_tokens
+
+    @property
+    def counts_cached_tokens(self) -> bool:
+        """estimate_cached_tokens reads the group's keyed prefix."""
+        return self.prefix_cacheable and not self.reads_encoder_tokens
 
     # Bytes a page is padded to (a hybrid model's pages padded to its
     # largest); kinds that can be padded have it as a field.
@@ -123,6 +142,8 @@ class AttentionSpec(KVCacheSpec):
     # Names the element type where the byte size does not tell it apart
     # (bf16 / fp16); a label only, outside equality (§16.4 reads it).
     dtype_label: str | None = field(default=None, compare=False)
+
+    token_blocks = True  # a slot per token of the sequence, block after block
 
     @property
     def v_head_size(self) -> int:
@@ -283,6 +304,8 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 class CrossAttentionSpec(AttentionSpec):
     """Decoder layers reading the encoder's output (Whisper): blocks for the
     encoder tokens, taken once at admission, never shared."""
+
+    reads_encoder_tokens = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,14 @@ class UniformTypeKVCacheSpecs:
 
     # Its layers are viewed one by one, as any spec's.
     has_layer_views = True
+    # vLLM leaves a uniform-type group's table whole when it cuts tables to
+    # the computed tokens, and counts its keyed prefix if every layer is
+    # prefix cacheable (spec §16.10).
+    clipped_to_computed_tokens = False
+
+    @property
+    def counts_cached_tokens(self) -> bool:
+        return self.prefix_cacheable
 
     @property
     def uses_slot_mapping(self) -> bool:
