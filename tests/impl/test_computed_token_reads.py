@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+import impl.kv_cache_spec as ks
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
 from impl.kv_cache_manager import KVCacheManager
@@ -15,8 +16,6 @@ from impl.kv_cache_spec import (
     CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
     MambaSpec,
     MLAAttentionSpec,
     SinkFullAttentionSpec,
@@ -27,19 +26,22 @@ from impl.request import Request
 from impl.uniform_type_spec import UniformTypeKVCacheSpecs
 
 P = get_profile("0.32")
-SHA = get_hash_fn("sha256")
-NONE = none_hash(P, "sha256", "0")
+# Every test hashes 4-token blocks with one seeded hasher.
+HASHER = RequestBlockHasher(4, get_hash_fn("sha256"), none_hash(P, "sha256", "0"), True)
 ALIGN_MAMBA = MambaSpec(4, shapes=((1,),), dtype_sizes=(4,), mamba_cache_mode="align")
 
 
-def manager(*specs, num_blocks=40, **kwargs):
-    groups = tuple(KVCacheGroupSpec((f"l{i}",), s) for i, s in enumerate(specs))
-    return KVCacheManager(KVCacheConfig(num_blocks, groups), 4096, 4, P, **kwargs)
+def manager(*specs, num_blocks=40, **kwargs) -> KVCacheManager:
+    """One group a spec (layer names l0, l1, ...) in a pool of `num_blocks`."""
+    config = ks.KVCacheConfig(num_blocks, tuple(
+        ks.KVCacheGroupSpec((f"l{i}",), s) for i, s in enumerate(specs)))
+    return KVCacheManager(config, 4096, 4, P, **kwargs)
 
 
 def request(rid: str, num_tokens: int) -> Request:
+    """A request of tokens 0, 1, ..., its full blocks hashed."""
     r = Request(rid, list(range(num_tokens)), num_tokens)
-    RequestBlockHasher(4, SHA, NONE, True).update(r)
+    HASHER.update(r)
     return r
 
 
