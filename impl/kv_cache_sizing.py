@@ -106,9 +106,7 @@ def get_uniform_page_size(specs: Iterable[KVCacheSpec]) -> int:
     return pages.pop()
 
 
-# -- 2a. one group's spec for several layers ------------------------------------------
-
-
+# -- 2a. one group's spec for several layers: impl/uniform_type_spec.py ---------------
 # -- 2b. merging layer specs ----------------------------------------------------------
 
 

@@ -2,8 +2,11 @@
 block table; specs/KV_CACHE_MANAGER.md §12.
 
 Layers with equal specs form a KV cache group, served by one single-type
-manager over the shared pool. Specs are data only: which manager keeps a
-spec is impl/managers, how many bytes its page takes is impl/kv_cache_sizing.
+manager over the shared pool. A spec answers the facts of one layer, as
+vLLM's do: the bytes its page takes, the blocks a request of a recycling
+kind holds at most, how the manager's reads treat its groups. Which manager
+keeps a spec is impl/managers; grouping and sizing over many layers is
+impl/kv_cache_sizing. Nothing here imports either.
 
 The class names and the hierarchy are vLLM's (vllm.v1.kv_cache_interface):
 the hybrid coordinator orders every full-attention kind first and the
@@ -60,6 +63,9 @@ class KVCacheSpec:
     # (cross attention; vLLM's encoder-only attention): neither cut to the
     # request's computed tokens nor counted as its cached prefix.
     reads_encoder_tokens = False
+    # Bytes a page is padded to (a hybrid model's pages padded to its
+    # largest); kinds that can be padded have it as a field.
+    page_size_padded = None
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
@@ -84,10 +90,6 @@ class KVCacheSpec:
     def counts_cached_tokens(self) -> bool:
         """estimate_cached_tokens reads the group's keyed prefix."""
         return self.prefix_cacheable and not self.reads_encoder_tokens
-
-    # Bytes a page is padded to (a hybrid model's pages padded to its
-    # largest); kinds that can be padded have it as a field.
-    page_size_padded = None
 
     @property
     def real_page_size_bytes(self) -> int:
