@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from impl.block import KVCacheBlock
 from impl.block_pool import BlockPool
 from impl.eagle import draft_group_ids, dropping_group_ids, eagle_proof_margin
+from impl.group_rules import partial_hash_hits_enabled
 from impl.hisparse.coordinator import attach_hisparse
 from impl.kv_cache_metrics import KVCacheMetricsCollector
 from impl.kv_cache_spec import (
@@ -28,17 +29,13 @@ from impl.kv_cache_spec import (
     KVCacheSpec,
     MambaSpec,
 )
-from impl.managers import (
-    SingleTypeKVCacheManager,
-    manager_class_for,
-    max_admission_blocks_per_request,
-)
+from impl.managers import SingleTypeKVCacheManager, manager_class_for
 from impl.managers.base import BlockTable, CopyPair
 from impl.managers.cross_attention import CrossAttentionManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.managers.mamba import MambaManager
 from impl.math_utils import cdiv
-from impl.profiles import ExternalBlocksOrder, PartialHitGating, VersionProfile
+from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
 from impl.retention import replay_boundaries, validate_retention_interval
 
@@ -87,7 +84,7 @@ class KVCacheCoordinator:
             manager_class_for(group.kv_cache_spec, group.role)(
                 group.kv_cache_spec, self.block_pool, enable_caching, group_id,
                 self.scheduler_block_size, dcp_world_size, pcp_world_size,
-                max_admission_blocks_per_request(group.kv_cache_spec, in_flight, max_model_len),
+                group.kv_cache_spec.max_admission_blocks_per_request(in_flight, max_model_len),
                 needs_kv_cache_zeroing=kv_cache_config.needs_kv_cache_zeroing)
             for group_id, group in enumerate(groups))
         # HiSparse's groups share one coordinator of their own (None without).
@@ -362,36 +359,6 @@ class SpecGroup:
     group_ids: list[int]
     manager_cls: type[SingleTypeKVCacheManager]
     use_eagle: bool = False
-
-
-def partial_hash_hits_enabled(
-    specs: Sequence[KVCacheSpec],
-    manager_classes: Sequence[type[SingleTypeKVCacheManager]],
-    hash_block_size: int,
-    dcp_world_size: int,
-    gating: PartialHitGating = PartialHitGating.EVERY_GROUP_FINE,
-) -> bool:
-    """Whether hits may end inside blocks (profile.partial_hit_gating): some
-    Mamba "align" group's block is larger than the hash block (0.29+: or not
-    smaller, under DCP), and (0.28+) every other cacheable group can look up
-    at hash granularity or is at it."""
-    any_mamba = gating is PartialHitGating.ANY_MAMBA_ALIGN
-
-    def mamba_wider(spec) -> bool:
-        if not (isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"):
-            return False
-        if dcp_world_size == 1:
-            return spec.block_size > hash_block_size
-        return not any_mamba and spec.block_size >= hash_block_size
-
-    if not any(mamba_wider(spec) for spec in specs):
-        return False
-    if any_mamba:
-        return True
-    return all(
-        not spec.prefix_cacheable or cls.supports_fine_grained_hash_lookup
-        or spec.block_size * (dcp_world_size if spec.dcp_sharded else 1) == hash_block_size
-        for spec, cls in zip(specs, manager_classes))
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):

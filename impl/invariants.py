@@ -15,13 +15,17 @@ from itertools import compress
 from operator import is_not
 
 from impl.block import KVCacheBlock
+from impl.hisparse.invariants import check_hisparse_invariants
 from impl.invariants_kinds import table_rule
 from impl.kv_cache_manager import KVCacheManager
-
-
-class InvariantViolation(AssertionError):
-    pass
-
+from impl.pool_invariants import (
+    InvariantViolation,
+    check_null_block,
+    count_message,
+    keys_of,
+    stale_entry_message,
+    walk_free_queue,
+)
 
 # -- the whole state at once -----------------------------------------------------
 
@@ -32,13 +36,11 @@ def check_invariants(manager: KVCacheManager) -> None:
     the held blocks, a few passes over the pool; messages only on failure."""
     if manager.coordinator.hisparse is not None:
         # Two pools, overlays and transfers: impl/hisparse/invariants.py.
-        from impl.hisparse.invariants import check_hisparse_invariants
-
         check_hisparse_invariants(manager)
         return
     pool = manager.block_pool
-    queued = _walk_free_queue(pool)
-    _check_null_block(pool, pool.null_block.block_id in queued)
+    queued = walk_free_queue(pool)
+    check_null_block(pool, pool.null_block.block_id in queued)
     reserved = _reserved_ids(manager)
     refs = [block.ref_cnt for block in pool.blocks]
     refs[pool.null_block.block_id] = 0  # the null block's count is not kept
@@ -56,10 +58,10 @@ def check_invariants(manager: KVCacheManager) -> None:
     held = Counter(block_id for ids in _holders(manager).values() for block_id in ids)
     for block_id, count in held.items():
         if refs[block_id] != count:
-            raise InvariantViolation(_count_message(block_id, refs[block_id], count))
+            raise InvariantViolation(count_message(block_id, refs[block_id], count))
     if len(refs) - refs.count(0) != len(held):
         stray = next(i for i, r in enumerate(refs) if r > 0 and i not in held)
-        raise InvariantViolation(_count_message(stray, refs[stray], 0))
+        raise InvariantViolation(count_message(stray, refs[stray], 0))
     _check_whole_key_map(manager)
     for group in manager.coordinator.single_type_managers:
         for request_id in group.req_to_blocks:
@@ -99,58 +101,10 @@ def _check_boundary_states(manager: KVCacheManager) -> None:
                     f"{block.block_id}, which is not in its table")
 
 
-def _walk_free_queue(pool) -> set[int]:
-    """The free queue is a well-formed list: links agree both ways, no cycle,
-    no block twice, as long as num_free_blocks says. Returns its block ids."""
-    queue = pool.free_block_queue
-    ids: set[int] = set()
-    limit = len(pool.blocks)
-    behind = queue.fake_free_list_head
-    cursor = behind.next_free_block
-    end = queue.fake_free_list_tail
-    while cursor is not end:
-        if cursor is None:
-            raise InvariantViolation("free queue is broken: a link is None")
-        if cursor.prev_free_block is not behind:
-            raise InvariantViolation(
-                f"free queue back-link of block {cursor.block_id} is wrong")
-        if cursor.block_id in ids:
-            raise InvariantViolation(f"block {cursor.block_id} is in the free queue twice")
-        ids.add(cursor.block_id)
-        if len(ids) > limit:
-            raise InvariantViolation("free queue has a cycle")
-        behind, cursor = cursor, cursor.next_free_block
-    if end.prev_free_block is not behind:
-        raise InvariantViolation("free queue tail back-link is wrong")
-    if len(ids) != queue.num_free_blocks:
-        raise InvariantViolation(
-            f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(ids)}")
-    return ids
-
-
-def _check_null_block(pool, queued: bool) -> None:
-    null = pool.null_block
-    if queued:
-        raise InvariantViolation("the null block is in the free queue")
-    if null.block_hash is not None:
-        raise InvariantViolation("the null block is cached")
-
-
 def _reserved_ids(manager: KVCacheManager) -> set[int]:
     """Blocks set aside for good (0.17's attention sinks): neither free nor held."""
     return {block.block_id for m in manager.coordinator.single_type_managers
             for block in getattr(m, "sink_blocks", ())}
-
-
-def _count_message(block_id: int, ref_cnt: int, holders: int) -> str:
-    return f"block {block_id} has ref_cnt {ref_cnt} but {holders} request(s) hold it"
-
-
-def _keys_of(pool, block: KVCacheBlock) -> set[bytes]:
-    keys = set(pool.cached_block_hashes_by_block.get(block.block_id, ()))
-    if block.block_hash is not None:
-        keys.add(block.block_hash)
-    return keys
 
 
 def _check_whole_key_map(manager: KVCacheManager) -> None:
@@ -161,7 +115,7 @@ def _check_whole_key_map(manager: KVCacheManager) -> None:
     entries = 0
     for key, block in pool.cached_block_hash_to_block.items():
         if block.block_hash != key and key not in extra.get(block.block_id, ()):
-            raise InvariantViolation(_stale_entry_message(key, block))
+            raise InvariantViolation(stale_entry_message(key, block))
         entries += 1
     for block_id in extra:
         if pool.blocks[block_id].block_hash is None:
@@ -172,11 +126,6 @@ def _check_whole_key_map(manager: KVCacheManager) -> None:
         raise InvariantViolation(f"{carried} block keys exist but the map holds {entries}")
     if entries and not manager.enable_caching:
         raise InvariantViolation("blocks are cached while caching is disabled")
-
-
-def _stale_entry_message(key: bytes, block: KVCacheBlock) -> str:
-    own = block.block_hash.hex()[:12] if block.block_hash else None
-    return f"hash map entry {key.hex()[:12]} points at block {block.block_id} whose hash is {own}"
 
 
 def _check_eagle_groups(manager: KVCacheManager) -> None:
@@ -281,7 +230,7 @@ class InvariantChecker:
                 self._in_pairs[copy.block_id] += n
         self._queued = {block.block_id for block in pool.free_block_queue}
         self._keys = {block.block_id: keys for block in pool.blocks
-                      if (keys := _keys_of(pool, block))}
+                      if (keys := keys_of(pool, block))}
         self._num_keys = sum(len(keys) for keys in self._keys.values())
         self._reserved = _reserved_ids(manager)
         self._mamba_align = any(getattr(group, "mamba_cache_mode", None) == "align"
@@ -358,7 +307,7 @@ class InvariantChecker:
     def _check_since_last(self) -> None:
         pool = self._pool
         null = pool.null_block
-        _check_null_block(pool, null.prev_free_block is not None)
+        check_null_block(pool, null.prev_free_block is not None)
         if self._cleared:
             self._forget_all_keys()
         suspects: dict[int, KVCacheBlock] = {
@@ -510,7 +459,7 @@ class InvariantChecker:
         spots = self._where.get(block_id) or {}
         holders = len(spots) + self._in_pairs[block_id]
         if block.ref_cnt != holders:
-            raise InvariantViolation(_count_message(block_id, block.ref_cnt, holders))
+            raise InvariantViolation(count_message(block_id, block.ref_cnt, holders))
         self._check_keys(block)
         if requests_before is not None:
             requests = {where[1] for where in spots}
@@ -524,7 +473,7 @@ class InvariantChecker:
     def _check_keys(self, block: KVCacheBlock) -> None:
         pool = self._pool
         block_id = block.block_id
-        keys = _keys_of(pool, block)
+        keys = keys_of(pool, block)
         if block.block_hash is None and keys:
             raise InvariantViolation(f"block {block_id} has partial keys but no hash")
         if keys and not pool.enable_caching:
@@ -537,7 +486,7 @@ class InvariantChecker:
         old = self._keys.get(block_id, ())
         for key in old:
             if key not in keys and index.contain(key, block_id):
-                raise InvariantViolation(_stale_entry_message(key, block))
+                raise InvariantViolation(stale_entry_message(key, block))
         self._num_keys += len(keys) - len(old)
         if keys:
             self._keys[block_id] = keys

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from impl.block import BlockList, KVCacheBlock
 from impl.coordinator import HybridKVCacheCoordinator, PerGroup, get_kv_cache_coordinator
 from impl.kv_cache_metrics import KVCacheMetricsCollector
-from impl.kv_cache_spec import AttentionSpec, CrossAttentionSpec, KVCacheConfig, MambaSpec
+from impl.kv_cache_spec import KVCacheConfig, MambaSpec
 from impl.kv_events import BlockStored, KVCacheEvent
 from impl.managers.base import SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
@@ -496,16 +496,30 @@ class KVCacheManager:
 
     def get_block_ids_for_computed_tokens(self, request_id: str,
                                           num_computed_tokens: int) -> GroupIds:
-        """The request's ids, attention groups (not cross attention) cut to
-        the blocks `num_computed_tokens` tokens occupy."""
+        """The request's ids per group; groups whose tables follow its
+        tokens cut to the blocks `num_computed_tokens` tokens occupy (spec
+        §16.10: the spec's own block size, DCP or not)."""
         ids = self.get_block_ids(request_id)
         out = []
         for group, group_ids in zip(self.kv_cache_config.kv_cache_groups, ids):
             spec = group.kv_cache_spec
-            if isinstance(spec, AttentionSpec) and not isinstance(spec, CrossAttentionSpec):
+            if spec.clipped_to_computed_tokens:
                 group_ids = group_ids[:cdiv(num_computed_tokens, spec.block_size)]
             out.append(group_ids)
         return tuple(out)
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """The prefix every counting group has keyed blocks for: per group
+        the longest key among the request's blocks, the least over groups
+        (0 when no group counts)."""
+        least = None
+        for group, blocks in zip(self.kv_cache_config.kv_cache_groups,
+                                 self.get_blocks(request.request_id).blocks):
+            if not group.kv_cache_spec.counts_cached_tokens:
+                continue
+            keyed = max((b.block_hash_num_tokens or 0 for b in blocks), default=0)
+            least = keyed if least is None else min(least, keyed)
+        return least or 0
 
     def take_events(self) -> list[KVCacheEvent]:
         drained = self.block_pool.take_events()

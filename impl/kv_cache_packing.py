@@ -16,15 +16,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from impl.kv_cache_sizing import (
-    UniformTypeKVCacheSpecs,
-    block_outermost,
-    is_uniform_type,
-    page_size_bytes,
-)
+from impl.kv_cache_layout import block_outermost
 from impl.kv_cache_spec import CircularBufferSpec, KVCacheGroupSpec, KVCacheSpec, MambaSpec
 from impl.kv_cache_spec import SlidingWindowSpec as _Window
 from impl.math_utils import cdiv
+from impl.uniform_type_spec import UniformTypeKVCacheSpecs, is_uniform_type
 
 
 def approximate_gcd(values: Sequence[int], lower_bound: int | None = None) -> int:
@@ -56,7 +52,7 @@ class _Bucket:
         assert self.spec is not None
         self.by_page: dict[int, list[str]] = defaultdict(list)
         for name, spec in specs.items():
-            self.by_page[page_size_bytes(spec)].append(name)
+            self.by_page[spec.page_size_bytes].append(name)
         # One layer of each page size per repeat: a pattern that can be cut.
         self.balanced = len({len(names) for names in self.by_page.values()}) == 1
 
@@ -79,7 +75,7 @@ def get_packed_kv_cache_groups(specs: Mapping[str, KVCacheSpec],
                                layout: str) -> list[KVCacheGroupSpec] | None:
     """Groups of layers packed side by side in each block; None when the
     layout does not put blocks outermost or every page has one size."""
-    if not block_outermost(layout) or len({page_size_bytes(s) for s in specs.values()}) <= 1:
+    if not block_outermost(layout) or len({s.page_size_bytes for s in specs.values()}) <= 1:
         return None
     members: list[dict[str, KVCacheSpec]] = []
     for name, spec in specs.items():
@@ -108,7 +104,7 @@ def get_packed_kv_cache_groups(specs: Mapping[str, KVCacheSpec],
         count = pattern_groups(bucket)
         if anchor and bucket.holds_state(nothing_cut):
             # As many states a group as fit in the block the others need.
-            fits = max(anchor // page_size_bytes(bucket.spec.first_spec), 1)
+            fits = max(anchor // bucket.spec.first_spec.page_size_bytes, 1)
             count = max(count, cdiv(len(bucket.spec.kv_cache_specs), fits))
         layers = bucket.spec.kv_cache_specs
         if count == 1:

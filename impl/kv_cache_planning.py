@@ -28,7 +28,6 @@ from impl.kv_cache_sizing import (
     get_kv_cache_groups,
     iter_layer_specs,
     max_memory_usage_bytes,
-    page_size_bytes,
 )
 from impl.kv_cache_spec import AttentionSpec, KVCacheGroupSpec, KVCacheSpec, SlidingWindowSpec
 from impl.math_utils import cdiv
@@ -170,7 +169,7 @@ def check_enough_kv_cache_memory(specs: Specs, available_memory: int,
 
 
 def _group_pages(spec, config: KVCachePlanningConfig, length: int) -> int:
-    return cdiv(config.usage(spec, length), page_size_bytes(spec))
+    return cdiv(config.usage(spec, length), spec.page_size_bytes)
 
 
 def _groups_need(groups: Sequence[KVCacheGroupSpec], config: KVCachePlanningConfig,

@@ -1,11 +1,10 @@
 """KV cache sizing, as vLLM plans it (vLLM: kv_cache_utils' grouping and sizing
-functions, the specs' page_size_bytes and max_memory_usage_bytes);
-specs/KV_CACHE_MANAGER.md §12.
+functions, the specs' max_memory_usage_bytes); specs/KV_CACHE_MANAGER.md §12.
 
 From the spec of every layer to a KV cache config:
-1. the page of a layer: the bytes one block of it takes, a grid of
-   [heads, states, content] (attention: K and V of a token per cell, MLA one
-   latent); Mamba: its state tensors, whatever the block size;
+1. the page of a layer: the bytes one block of it takes, which the spec
+   answers (spec.page_size_bytes: a [heads, states, content] grid for
+   attention, the state tensors for Mamba); here its strides and views;
 2. the groups: layers with the same spec form one group (one block table);
    a hybrid model first gets a uniform page size (smaller pages grow their
    block size by the ratio, else are padded) and its layers are split into
@@ -26,11 +25,21 @@ allocation with a strided region per layer, laid out by a KVCacheLayout.
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from math import prod
 
+from impl.group_rules import hits_inside_blocks
+from impl.kv_cache_layout import (
+    AXIS_B,
+    AXIS_L,
+    block_outermost,
+    layers_outermost,
+    layout_order,
+    pages_contiguous,
+)
+from impl.kv_cache_packing import get_packed_kv_cache_groups
 from impl.kv_cache_spec import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -48,58 +57,19 @@ from impl.kv_cache_spec import (
 )
 from impl.math_utils import cdiv
 from impl.profiles import BlockSizesRule, KVCacheTensorPlan, UnifyPadsPages
+from impl.uniform_type_spec import (
+    UniformTypeKVCacheSpecs,
+    is_full_attention_spec,
+    is_uniform_type,
+    iter_layer_specs,
+)
+
+# (UniformTypeKVCacheSpecs and its helpers are read from here too, as
+# vLLM's kv_cache_utils callers read them.)
+__all__ = ["UniformTypeKVCacheSpecs", "is_full_attention_spec", "is_uniform_type",
+           "iter_layer_specs"]
 
 # -- 1. pages ------------------------------------------------------------------------
-
-
-def num_heads(spec: AttentionSpec) -> int:
-    """Rows of the page grid: the backend's head slots, else one a KV head."""
-    return spec.num_kv_heads if spec.num_head_slots is None else spec.num_head_slots
-
-
-def num_states(spec: AttentionSpec, block_size: int | None = None) -> int:
-    """Stored states in a block of `block_size` tokens (the spec's own by default)."""
-    tokens = spec.block_size if block_size is None else block_size
-    per_state = spec.tokens_per_state
-    return int(tokens // per_state) if per_state > 0 else 1
-
-
-def state_content_size_bytes(spec: AttentionSpec) -> int:
-    """Bytes of one (head, state) cell: K then V of a token unless packed."""
-    if spec.state_content_bytes is not None:
-        return spec.state_content_bytes
-    return (spec.head_size + spec.v_head_size) * spec.dtype_size
-
-
-def _given_page(spec: KVCacheSpec) -> int | None:
-    """The page of a HiSparse resident or hot spec, which states it outright."""
-    return getattr(spec, "page_size", None)
-
-
-def unpadded_page_size_bytes(spec: KVCacheSpec) -> int:
-    if _given_page(spec) is not None:
-        return _given_page(spec)
-    if isinstance(spec, AttentionSpec):
-        return num_heads(spec) * num_states(spec) * state_content_size_bytes(spec)
-    if isinstance(spec, MambaSpec):
-        return sum(prod(s) * d for s, d in zip(spec.shapes, spec.dtype_sizes))
-    raise NotImplementedError(f"no page size for {type(spec).__name__}")
-
-
-# vLLM's other name for the page without padding.
-real_page_size_bytes = unpadded_page_size_bytes
-
-
-def page_size_bytes(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> int:
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return sum(page_size_bytes(s) for s in spec.kv_cache_specs.values())
-    padded = getattr(spec, "page_size_padded", None)
-    if padded is not None:
-        if padded < unpadded_page_size_bytes(spec):
-            raise AssertionError(f"a page padded to {padded} bytes is smaller than "
-                                 f"its {unpadded_page_size_bytes(spec)} bytes of content")
-        return padded
-    return unpadded_page_size_bytes(spec)
 
 
 def block_stride_alignment(spec: KVCacheSpec) -> int:
@@ -110,14 +80,14 @@ def block_stride_alignment(spec: KVCacheSpec) -> int:
 def layer_block_stride(spec: KVCacheSpec) -> int:
     """A layer-outer block stride: the page rounded up to its alignment."""
     step = block_stride_alignment(spec)
-    return cdiv(page_size_bytes(spec), step) * step
+    return cdiv(spec.page_size_bytes, step) * step
 
 
 def layer_view_shape_bytes(spec: KVCacheSpec, num_blocks: int) -> tuple[int, int, int, int]:
     """vLLM 0.32's logical per-layer cache view [blocks, heads, states, bytes]."""
     if isinstance(spec, AttentionSpec):
-        return (num_blocks, num_heads(spec), num_states(spec), state_content_size_bytes(spec))
-    return (num_blocks, 1, 1, unpadded_page_size_bytes(spec))
+        return (num_blocks, spec.num_heads, spec.num_states, spec.state_content_size_bytes)
+    return (num_blocks, 1, 1, spec.real_page_size_bytes)
 
 
 def layer_kv_cache_shape(spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
@@ -130,89 +100,13 @@ def layer_kv_cache_shape(spec: AttentionSpec, num_blocks: int) -> tuple[int, ...
 
 
 def get_uniform_page_size(specs: Iterable[KVCacheSpec]) -> int:
-    pages = {page_size_bytes(s) for s in specs}
+    pages = {s.page_size_bytes for s in specs}
     if len(pages) != 1:
         raise AssertionError(f"expected one page size, got {sorted(pages)}")
     return pages.pop()
 
 
-# -- 2a. one group's spec for several layers ------------------------------------------
-
-
-@dataclass(slots=True)
-class UniformTypeKVCacheSpecs:
-    """Layers of one kind (the same token slots) with different page sizes:
-    one group, one block table, a page per layer each its own size."""
-
-    block_size: int
-    kv_cache_specs: dict[str, KVCacheSpec]
-
-    @property
-    def first_spec(self) -> KVCacheSpec:
-        return next(iter(self.kv_cache_specs.values()))
-
-    @property
-    def dcp_sharded(self) -> bool:
-        return bool(self.kv_cache_specs) and self.first_spec.dcp_sharded
-
-    @property
-    def prefix_cacheable(self) -> bool:
-        return all(s.prefix_cacheable for s in self.kv_cache_specs.values())
-
-    # Its layers are viewed one by one, as any spec's.
-    has_layer_views = True
-
-    @property
-    def uses_slot_mapping(self) -> bool:
-        return self.first_spec.uses_slot_mapping
-
-    @property
-    def kind(self) -> str:
-        """What the group's events call it: its layers' one kind; if they
-        differ but are all full attention, full attention; else unknown."""
-        kinds = {s.kind for s in self.kv_cache_specs.values()}
-        if len(kinds) == 1:
-            return kinds.pop()
-        if all(_uniform_base(s) is FullAttentionSpec for s in self.kv_cache_specs.values()):
-            return "full_attention"
-        return "unknown"
-
-    @property
-    def sliding_window_of_events(self) -> int | None:
-        windows = {s.sliding_window_of_events for s in self.kv_cache_specs.values()}
-        return windows.pop() if len(windows) == 1 else None
-
-    def get_max_layers_per_page_size(self) -> int:
-        """The most layers sharing one page size (a balanced bucket's count
-        of pattern repeats)."""
-        counts = Counter(page_size_bytes(s) for s in self.kv_cache_specs.values())
-        return max(counts.values())
-
-    @classmethod
-    def is_uniform_type(cls, specs: Mapping[str, KVCacheSpec]) -> bool:
-        return is_uniform_type(specs)
-
-    @classmethod
-    def from_specs(cls, specs: Mapping[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
-        if not is_uniform_type(specs):
-            return None
-        return cls(next(iter(specs.values())).block_size, dict(specs))
-
-
-def iter_layer_specs(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> tuple[KVCacheSpec, ...]:
-    """The per-layer specs a group's spec stands for."""
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return tuple(spec.kv_cache_specs.values())
-    return (spec,)
-
-
-def is_full_attention_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> bool:
-    """Whether every layer of a group is full attention (a stable slot per
-    token); an empty uniform-type group is not."""
-    layers = iter_layer_specs(spec)
-    return bool(layers) and all(isinstance(s, FullAttentionSpec) for s in layers)
-
-
+# -- 2a. one group's spec for several layers: impl/uniform_type_spec.py ---------------
 # -- 2b. merging layer specs ----------------------------------------------------------
 
 
@@ -324,45 +218,6 @@ def is_kv_cache_spec_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
     return True
 
 
-# -- 2c. uniform types -------------------------------------------------------------------
-
-
-def _uniform_base(spec: KVCacheSpec) -> type:
-    """The kind a spec groups with (vLLM's registered uniform_type_base_spec)."""
-    for base in (FullAttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec,
-                 ChunkedLocalAttentionSpec, MambaSpec, CrossAttentionSpec, CircularBufferSpec):
-        if isinstance(spec, base):
-            return base
-    return type(spec)
-
-
-def _mamba_uniform_key(spec: MambaSpec) -> tuple:
-    return (spec.num_speculative_blocks, spec.num_prefill_checkpoint_blocks,
-            spec.prefill_checkpoint_alignment, page_size_bytes(spec))
-
-
-def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
-    """Whether all layers need the same token slots (one group, one table)."""
-    values = list(specs.values())
-    if len({s.block_size for s in values}) > 1 or len({s.dcp_sharded for s in values}) > 1:
-        return False
-    first = values[0]
-    if isinstance(first, SlidingWindowMLASpec):
-        return all(isinstance(s, SlidingWindowMLASpec) and s.sliding_window == first.sliding_window
-                   for s in values)
-    if isinstance(first, SlidingWindowSpec):
-        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == first.sliding_window
-                   for s in values)
-    if isinstance(first, ChunkedLocalAttentionSpec):
-        return all(isinstance(s, ChunkedLocalAttentionSpec)
-                   and s.attention_chunk_size == first.attention_chunk_size for s in values)
-    if isinstance(first, MambaSpec):
-        key = _mamba_uniform_key(first)
-        return all(isinstance(s, MambaSpec) and _mamba_uniform_key(s) == key for s in values)
-    base = _uniform_base(first)
-    return all(isinstance(s, base) for s in values)
-
-
 # -- 3. block sizes --------------------------------------------------------------------
 
 
@@ -463,21 +318,12 @@ def resolve_kv_cache_block_sizes(
             f"block size (groups: {sizes})")
     compressions = _state_compressions(specs)
     if compressions:
-        unit = hash_block if _hits_inside_blocks(specs, hash_block, dcp_world_size) else scheduler
+        unit = hash_block if hits_inside_blocks(specs, hash_block, dcp_world_size) else scheduler
         if any(unit % c for c in compressions):
             raise ValueError(
                 f"prefix_match_unit={hash_block}: hits every {unit} tokens would split "
                 f"states that compress {sorted(compressions)} tokens")
     return scheduler, hash_block
-
-
-def _hits_inside_blocks(specs, hash_block: int, dcp_world_size: int) -> bool:
-    from impl.coordinator import partial_hash_hits_enabled
-    from impl.managers import manager_class_for
-
-    layers = [s.first_spec if isinstance(s, UniformTypeKVCacheSpecs) else s for s in specs]
-    return partial_hash_hits_enabled(specs, [manager_class_for(s) for s in layers],
-                                     hash_block, dcp_world_size)
 
 
 # -- 2d. groups --------------------------------------------------------------------------
@@ -493,13 +339,13 @@ def unify_kv_cache_spec_page_size(
     if not isinstance(pad_pages, UnifyPadsPages):
         pad_pages = UnifyPadsPages.ALWAYS if pad_pages else UnifyPadsPages.NEVER
     pad_mamba = pad_pages is UnifyPadsPages.ALWAYS
-    pages = {page_size_bytes(s) for s in specs.values()}
+    pages = {s.page_size_bytes for s in specs.values()}
     if len(pages) <= 1:
         return specs
     max_page = max(pages)
     out: dict[str, KVCacheSpec] = {}
     for name, spec in specs.items():
-        page = page_size_bytes(spec)
+        page = spec.page_size_bytes
         if page == max_page:
             out[name] = spec
         elif pad_mamba and isinstance(spec, MambaSpec):
@@ -515,7 +361,7 @@ def unify_kv_cache_spec_page_size(
                 f"layer {name}: its {page}-byte page neither divides the largest page "
                 f"({max_page} bytes) nor can be padded to it")
         # (A Mamba page does not grow with its block size: 0.17 fails here.)
-        assert page_size_bytes(out[name]) == max_page
+        assert out[name].page_size_bytes == max_page
     return out
 
 
@@ -567,7 +413,7 @@ def _promoted(spec: AttentionSpec, target: type, block_size: int) -> AttentionSp
     padded = spec.page_size_padded
     if padded is not None:
         # Padding grows with the block (never below the old padding).
-        padded = max(padded, unpadded_page_size_bytes(spec) * block_size // spec.block_size)
+        padded = max(padded, spec.real_page_size_bytes * block_size // spec.block_size)
     # Fields the target kind lacks (a window's retained tokens) are dropped.
     kept = {f.name for f in fields(target)}
     values = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init and f.name in kept}
@@ -688,8 +534,6 @@ def get_kv_cache_groups(
     # Hidden-state layers keep a table of their own.
     hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
     rest = {n: s for n, s in specs.items() if n not in hidden}
-    from impl.kv_cache_packing import get_packed_kv_cache_groups
-
     packed = get_packed_kv_cache_groups(rest, layout)
     if packed is not None:
         # Blocks are strided by the widest group: no page to align to.
@@ -706,40 +550,6 @@ def get_kv_cache_groups(
 
 
 # -- 4. blocks and tensors ------------------------------------------------------------
-
-# Logical axes of a strided plan: layer, block, head, state, content bytes.
-_L, _B, _H, _N, _C = range(5)
-KV_CACHE_LAYOUTS = {
-    "LBHNC": (0, 1, 2, 3, 4),
-    "LBNHC": (0, 1, 3, 2, 4),
-    "LHBNC": (0, 2, 1, 3, 4),
-    "BLHNC": (1, 0, 2, 3, 4),
-    "BLNHC": (1, 0, 3, 2, 4),
-    "BHLNC": (1, 2, 0, 3, 4),
-}
-
-
-def layout_order(layout: str | None) -> tuple[int, ...]:
-    """The physical order of the logical axes; a layout must be known
-    (resolved by the engine) before tensors are planned."""
-    if layout is None:
-        raise ValueError("the KV cache layout is not resolved yet: the engine resolves it "
-                         "before planning the KV cache tensors")
-    return KV_CACHE_LAYOUTS[layout]
-
-
-def block_outermost(layout: str | None) -> bool:
-    return layout_order(layout)[0] == _B
-
-
-def _layers_outermost(layout: str) -> bool:
-    return layout_order(layout)[0] == _L
-
-
-def _pages_contiguous(layout: str) -> bool:
-    """Whether each page's [H, N, C] bytes are one run (L and B outermost)."""
-    return set(layout_order(layout)[:2]) == {_L, _B}
-
 
 @dataclass(slots=True)
 class KVCacheTensor:
@@ -784,12 +594,12 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: str = "LBNHC") -
     of them when blocks are outermost)."""
     if not block_outermost(layout):
         return max(sum(layer_block_stride(s) for _, s in _layer_specs(g)) for g in groups)
-    widest = max(sum(page_size_bytes(s) for _, s in _layer_specs(g)) for g in groups)
+    widest = max(sum(s.page_size_bytes for _, s in _layer_specs(g)) for g in groups)
     step = math.lcm(*(block_stride_alignment(s) for g in groups for _, s in _layer_specs(g)))
     # A hot region's blocks are addressed in whole pages of it (HiSparse).
     for g in groups:
         if getattr(g.kv_cache_spec, "blocks_per_request", None) is not None:
-            step = math.lcm(step, page_size_bytes(g.kv_cache_spec))
+            step = math.lcm(step, g.kv_cache_spec.page_size_bytes)
     return cdiv(widest, step) * step
 
 
@@ -797,10 +607,10 @@ def validate_kv_cache_layout(layout: str, groups: Sequence[KVCacheGroupSpec]) ->
     """Pages of several sizes sit side by side inside a block: the layout
     must keep a page contiguous and, with several groups, not put the layers
     outermost."""
-    pages = {page_size_bytes(s) for g in groups for _, s in _layer_specs(g)}
+    pages = {s.page_size_bytes for g in groups for _, s in _layer_specs(g)}
     if len(pages) <= 1:
         return
-    if not _pages_contiguous(layout) or (len(groups) > 1 and _layers_outermost(layout)):
+    if not pages_contiguous(layout) or (len(groups) > 1 and layers_outermost(layout)):
         raise ValueError(
             f"the {layout} KV cache layout cannot hold pages of {len(pages)} sizes "
             f"({sorted(pages)} bytes) in one pool; a layout with blocks outermost can")
@@ -812,7 +622,7 @@ def layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: 
     order = layout_order(layout)
     shape = (num_layers, *layer_view_shape_bytes(spec, num_blocks))
     padded = getattr(spec, "page_size_padded", None)
-    page_grid_end = max(order.index(_L), order.index(_B)) + 1
+    page_grid_end = max(order.index(AXIS_L), order.index(AXIS_B)) + 1
     if padded is not None and prod(shape[d] for d in order[:page_grid_end]) != (
             num_layers * num_blocks):
         # Padding goes after each (layer, block) page: no other axis may sit
@@ -864,24 +674,24 @@ def get_kv_cache_config_from_groups(
             by_spec[spec].extend(group.layer_names)
         offset = 0
         for spec, names in by_spec.items():
-            if _given_page(spec) is not None:
+            if not spec.has_layer_views:
                 # HiSparse's resident / hot pages: a raw region of whole pages.
                 if not outer:
                     raise ValueError(f"HiSparse's {type(spec).__name__} pages need blocks "
                                      f"outermost in the KV cache layout, not {layout}")
-                page = _given_page(spec)
+                page = spec.page_size_bytes
                 tensors.append(KVCacheTensor(size, names, page, per_block, offset))
                 offset += len(names) * page
                 continue
             stride = per_block if outer else None
             padded = layer_block_stride(spec)
-            if stride is None and padded != page_size_bytes(spec):
+            if stride is None and padded != spec.page_size_bytes:
                 # A layer-outer region whose pages are padded to the alignment.
-                assert _pages_contiguous(layout), f"{layout} cannot pad a page"
+                assert pages_contiguous(layout), f"{layout} cannot pad a page"
                 stride = padded
             strides = layout_strides(spec, num_blocks, len(names), layout, stride)
-            tensors.append(KVCacheTensor(size, names, strides[_L], strides[_B], offset))
-            offset += len(names) * (page_size_bytes(spec) if outer else strides[_L])
+            tensors.append(KVCacheTensor(size, names, strides[AXIS_L], strides[AXIS_B], offset))
+            offset += len(names) * (spec.page_size_bytes if outer else strides[AXIS_L])
     return KVCacheConfigPlan(num_blocks, tensors, groups)
 
 
@@ -889,17 +699,17 @@ def _shared_by_plan(groups: list[KVCacheGroupSpec], available_memory: int,
                     num_gpu_blocks_override: int | None) -> KVCacheConfigPlan:
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs):
         # One kind, several page sizes: a tensor per layer, sized by its page.
-        num_blocks = available_memory // page_size_bytes(groups[0].kv_cache_spec)
+        num_blocks = available_memory // groups[0].kv_cache_spec.page_size_bytes
         if num_gpu_blocks_override is not None:
             num_blocks = num_gpu_blocks_override
         specs = groups[0].kv_cache_spec.kv_cache_specs
         return KVCacheConfigPlan(num_blocks, [
-            KVCacheTensor(page_size_bytes(specs[n]) * num_blocks, [n])
+            KVCacheTensor(specs[n].page_size_bytes * num_blocks, [n])
             for n in groups[0].layer_names
         ], groups)
     # Layer slot i of every group shares one tensor (groups use disjoint blocks).
     group_size = max(len(g.layer_names) for g in groups)
-    pages = {page_size_bytes(g.kv_cache_spec) for g in groups}
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
     assert len(pages) == 1, "hybrid groups must share one page size"
     page = pages.pop()
     num_blocks = max(available_memory // page // group_size, 0)
@@ -932,15 +742,20 @@ def max_memory_usage_bytes(
         pages = max(
             cdiv(max_memory_usage_bytes(s, max_model_len, dcp_world_size, in_flight,
                                         max_num_encoder_input_tokens, mamba_cache_mode),
-                 page_size_bytes(s))
+                 s.page_size_bytes)
             for s in spec.kv_cache_specs.values()
         )
-        return pages * page_size_bytes(spec)
-    page = page_size_bytes(spec)
+        return pages * spec.page_size_bytes
+    page = spec.page_size_bytes
     if getattr(spec, "blocks_per_request", None) is not None:
         return spec.blocks_per_request * page  # HiSparse hot region
-    if _given_page(spec) is not None:  # HiSparse resident pages: the in-flight window
-        return spec.max_admission_blocks_per_request(in_flight, max_model_len) * page
+    if isinstance(spec, SlidingWindowSpec) and spec.dcp_sharded and dcp_world_size > 1:
+        raise AssertionError("a sliding window cannot be sharded by DCP")
+    # A recycling kind (windows, chunks, HiSparse's resident pages) is sized
+    # by the cap it is admitted by: one rule for startup and run time.
+    cap = spec.max_admission_blocks_per_request(in_flight, max_model_len)
+    if cap is not None:
+        return cap * page
     if isinstance(spec, CircularBufferSpec):
         return page  # one ring for the request's whole life
     if isinstance(spec, FullAttentionSpec):
@@ -948,14 +763,6 @@ def max_memory_usage_bytes(
         if spec.dcp_sharded and dcp_world_size > 1:
             length = cdiv(length, dcp_world_size)
         return cdiv(length, spec.block_size) * page
-    if isinstance(spec, SlidingWindowSpec):
-        if spec.dcp_sharded and dcp_world_size > 1:
-            raise AssertionError("a sliding window cannot be sharded by DCP")
-        n = min(spec.sliding_window - 1 + spec.extra_retained_tokens + in_flight, max_model_len)
-        return (cdiv(n, spec.block_size) + 1) * page
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        return cdiv(min(spec.attention_chunk_size + in_flight, max_model_len),
-                    spec.block_size) * page
     if isinstance(spec, MambaSpec):
         mode = spec.mamba_cache_mode if mamba_cache_mode is None else mamba_cache_mode
         if mode == "align":
@@ -993,7 +800,7 @@ def max_num_blocks_per_req(
             return cdiv(max_len, spec.block_size) + spec.num_speculative_blocks
         usage = max_memory_usage_bytes(spec, max_len, dcp_world_size,
                                        mamba_cache_mode=mamba_cache_mode, **usage)
-        return cdiv(usage, page_size_bytes(spec))
+        return cdiv(usage, spec.page_size_bytes)
     return cdiv(max_len, spec.block_size)
 
 
@@ -1012,7 +819,7 @@ def needs_kv_cache_zeroing(groups: Sequence[KVCacheGroupSpec]) -> bool:
 def pages_per_request(group: KVCacheGroupSpec, max_model_len: int, **kwargs) -> int:
     """Blocks one request of max_model_len takes in this group."""
     spec = group.kv_cache_spec
-    return cdiv(max_memory_usage_bytes(spec, max_model_len, **kwargs), page_size_bytes(spec))
+    return cdiv(max_memory_usage_bytes(spec, max_model_len, **kwargs), spec.page_size_bytes)
 
 
 def get_max_concurrency(

@@ -2,8 +2,11 @@
 block table; specs/KV_CACHE_MANAGER.md §12.
 
 Layers with equal specs form a KV cache group, served by one single-type
-manager over the shared pool. Specs are data only: which manager keeps a
-spec is impl/managers, how many bytes its page takes is impl/kv_cache_sizing.
+manager over the shared pool. A spec answers the facts of one layer, as
+vLLM's do: the bytes its page takes, the blocks a request of a recycling
+kind holds at most, how the manager's reads treat its groups. Which manager
+keeps a spec is impl/managers; grouping and sizing over many layers is
+impl/kv_cache_sizing. Nothing here imports either.
 
 The class names and the hierarchy are vLLM's (vllm.v1.kv_cache_interface):
 the hybrid coordinator orders every full-attention kind first and the
@@ -15,6 +18,9 @@ import fractions
 import re
 from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
+from math import prod
+
+from impl.math_utils import cdiv
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -49,6 +55,17 @@ class KVCacheSpec:
     # Whether the worker writes a slot per token for it (False: the spec
     # addresses its own pages).
     uses_slot_mapping = True
+    # Whether block i of a request's table holds its tokens [i*bs, (i+1)*bs)
+    # (attention), rather than per-request state or a region moved whole;
+    # the facade cuts such tables to the computed tokens (spec §16.10).
+    token_blocks = False
+    # Whether the blocks hold the encoder's tokens, not the request's own
+    # (cross attention; vLLM's encoder-only attention): neither cut to the
+    # request's computed tokens nor counted as its cached prefix.
+    reads_encoder_tokens = False
+    # Bytes a page is padded to (a hybrid model's pages padded to its
+    # largest); kinds that can be padded have it as a field.
+    page_size_padded = None
 
     def __init_subclass__(cls) -> None:
         # (No super() call: slotted dataclasses are rebuilt, which breaks
@@ -61,6 +78,41 @@ class KVCacheSpec:
     @property
     def sliding_window_of_events(self) -> int | None:
         """`kv_cache_spec_sliding_window` of the group's BlockStored events."""
+        return None
+
+    @property
+    def clipped_to_computed_tokens(self) -> bool:
+        """get_block_ids_for_computed_tokens cuts the group's ids to the
+        blocks the computed tokens occupy."""
+        return self.token_blocks and not self.reads_encoder_tokens
+
+    @property
+    def counts_cached_tokens(self) -> bool:
+        """estimate_cached_tokens reads the group's keyed prefix."""
+        return self.prefix_cacheable and not self.reads_encoder_tokens
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Bytes of one block's content, before any padding."""
+        raise NotImplementedError(f"no page size for {type(self).__name__}")
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of this layer takes: the padding where set, never
+        below the content."""
+        content, padded = self.real_page_size_bytes, self.page_size_padded
+        if padded is None:
+            return content
+        if padded < content:
+            raise AssertionError(f"a page padded to {padded} bytes is smaller than "
+                                 f"its {content} bytes of content")
+        return padded
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int | None:
+        """The most blocks one request of a recycling kind holds at a time
+        (what full_sequence_must_fit admits by, and what sizing reserves);
+        None for kinds that keep every block until the request ends."""
         return None
 
 
@@ -93,9 +145,39 @@ class AttentionSpec(KVCacheSpec):
     # (bf16 / fp16); a label only, outside equality (§16.4 reads it).
     dtype_label: str | None = field(default=None, compare=False)
 
+    token_blocks = True  # a slot per token of the sequence, block after block
+
     @property
     def v_head_size(self) -> int:
         return self.head_size if self.head_size_v is None else self.head_size_v
+
+    # A page is a [heads, states, content] grid (vLLM's names for its sides).
+    @property
+    def num_heads(self) -> int:
+        """Rows of the page grid: the backend's head slots, else one a KV head."""
+        return self.num_kv_heads if self.num_head_slots is None else self.num_head_slots
+
+    def get_num_kernel_states(self, block_size: int) -> int:
+        """Stored states in a block of `block_size` tokens (a kernel's block
+        may be smaller than the spec's)."""
+        per_state = self.tokens_per_state
+        return int(block_size // per_state) if per_state > 0 else 1
+
+    @property
+    def num_states(self) -> int:
+        """Stored states in one of the spec's own blocks."""
+        return self.get_num_kernel_states(self.block_size)
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        """Bytes of one (head, state) cell: K then V of a token unless packed."""
+        packed = self.state_content_bytes
+        return (self.head_size + self.v_head_size) * self.dtype_size if packed is None else packed
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        cells = self.num_heads * self.num_states
+        return cells * self.state_content_size_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +193,7 @@ def _pad_to_alignment(spec) -> None:
     V4 kernels), recorded as the spec's padded page as vLLM records it."""
     if spec.alignment is None:
         return
-    from impl.kv_cache_sizing import unpadded_page_size_bytes
-
-    raw = unpadded_page_size_bytes(spec)
+    raw = spec.real_page_size_bytes
     rounded = -(-raw // spec.alignment) * spec.alignment
     if rounded != raw:
         object.__setattr__(spec, "page_size_padded", rounded)
@@ -174,6 +254,13 @@ class SlidingWindowSpec(AttentionSpec):
     def sliding_window_of_events(self) -> int | None:
         return self.sliding_window
 
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # The window behind the last computed token plus what is in flight;
+        # one more since the window need not start on a block boundary.
+        span = self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), self.block_size) + 1
+
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowMLASpec(SlidingWindowSpec):
@@ -208,11 +295,19 @@ class CircularBufferSpec(AttentionSpec):
 class ChunkedLocalAttentionSpec(AttentionSpec):
     attention_chunk_size: int = 0
 
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # The current chunk so far plus what is in flight.
+        span = self.attention_chunk_size + max_in_flight_tokens
+        return cdiv(min(span, max_model_len), self.block_size)
+
 
 @dataclass(frozen=True, slots=True)
 class CrossAttentionSpec(AttentionSpec):
     """Decoder layers reading the encoder's output (Whisper): blocks for the
     encoder tokens, taken once at admission, never shared."""
+
+    reads_encoder_tokens = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +327,11 @@ class MambaSpec(KVCacheSpec):
     # chunk start (None: the backend cannot export one).
     num_prefill_checkpoint_blocks: int = 0  # 0 or 1 in practice
     prefill_checkpoint_alignment: int | None = None  # tokens
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Its state tensors, whatever the block size."""
+        return sum(prod(s) * d for s, d in zip(self.shapes, self.dtype_sizes))
 
 
 class KVCacheGroupRole(Enum):

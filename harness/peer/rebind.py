@@ -18,8 +18,9 @@ from __future__ import annotations
 import sys
 import types
 
+from harness.peer import proxies
+
 _table: dict[int, tuple[object, object]] | None = None
-_proxies: dict[str, types.ModuleType] = {}
 
 
 def _entries():
@@ -129,29 +130,17 @@ _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout")
 
 
-def proxied_override(module_name: str, name: str):
-    """What a test set on the proxy of `module_name` under `name` (e.g. a
-    monkeypatched vLLM helper), None when nothing was."""
-    module = _proxies.get(module_name)
-    if module is None:
-        return None
-    value = module.__dict__.get(name)
-    # monkeypatch's undo writes vLLM's own object back onto the proxy.
-    if value is getattr(module.__dict__["_kvconform_real"], name, None):
-        return None
-    return value
-
-
 def proxy(module: types.ModuleType) -> types.ModuleType:
-    if module.__name__ not in _proxies:
+    known = proxies.get(module.__name__)
+    if known is None:
         entries = table()
         overrides = {}
         for name, value in vars(module).items():
             hit = entries.get(id(value))
             if hit is not None and hit[0] is value:
                 overrides[name] = hit[1]
-        _proxies[module.__name__] = _ProxyModule(module, overrides)
-    return _proxies[module.__name__]
+        known = proxies.store(module.__name__, _ProxyModule(module, overrides))
+    return known
 
 
 def rebind_module(module: types.ModuleType) -> int:

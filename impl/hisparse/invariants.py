@@ -26,15 +26,9 @@ incremental checker does not shadow the overlays and transfers.
 
 from collections import Counter
 
-from impl.invariants import (
-    InvariantViolation,
-    _check_null_block,
-    _count_message,
-    _keys_of,
-    _stale_entry_message,
-    _walk_free_queue,
-)
+from impl import pool_invariants as pool_rules
 from impl.managers.hisparse import HiSparseResidentManager, HiSparseSourceManager
+from impl.pool_invariants import InvariantViolation
 
 
 def check_hisparse_invariants(manager) -> None:
@@ -72,8 +66,8 @@ def check_hisparse_invariants(manager) -> None:
 
 
 def _check_pool(pool, holders: Counter, caching: bool, which: str) -> None:
-    queued = _walk_free_queue(pool)
-    _check_null_block(pool, pool.null_block.block_id in queued)
+    queued = pool_rules.walk_free_queue(pool)
+    pool_rules.check_null_block(pool, pool.null_block.block_id in queued)
     null_id = pool.null_block.block_id
     for block in pool.blocks:
         block_id = block.block_id
@@ -87,14 +81,14 @@ def _check_pool(pool, holders: Counter, caching: bool, which: str) -> None:
                                      f"{state}")
         if block.ref_cnt != holders[block_id]:
             raise InvariantViolation(
-                f"{which} " + _count_message(block_id, block.ref_cnt, holders[block_id]))
+                f"{which} " + pool_rules.count_message(block_id, block.ref_cnt, holders[block_id]))
     entries = 0
     extra = pool.cached_block_hashes_by_block
     for key, block in pool.cached_block_hash_to_block.items():
-        if key not in _keys_of(pool, block):
-            raise InvariantViolation(f"{which} " + _stale_entry_message(key, block))
+        if key not in pool_rules.keys_of(pool, block):
+            raise InvariantViolation(f"{which} " + pool_rules.stale_entry_message(key, block))
         entries += 1
-    carried = sum(len(_keys_of(pool, b)) for b in pool.blocks)
+    carried = sum(len(pool_rules.keys_of(pool, b)) for b in pool.blocks)
     if carried != entries:
         raise InvariantViolation(f"{which} pool: {carried} block keys exist but the map "
                                  f"holds {entries}")

@@ -21,7 +21,6 @@ from impl.kv_cache_sizing import (
     UniformTypeKVCacheSpecs,
     bytes_per_block,
     get_kv_cache_config_from_groups,
-    page_size_bytes,
 )
 from impl.kv_cache_spec import KVCacheGroupRole, KVCacheGroupSpec, KVCacheSpec, MLAAttentionSpec
 from impl.math_utils import cdiv
@@ -117,7 +116,7 @@ def _pack_units(units: list[list[str]], source: Mapping[str, MLAAttentionSpec],
     bundles: list[list[str]] = []
     used = 0
     for unit in units:
-        size = sum(page_size_bytes(source[n]) for n in unit)
+        size = sum(source[n].page_size_bytes for n in unit)
         if not bundles or (bundles[-1] and used + size > budget):
             bundles.append([])
             used = 0
@@ -128,7 +127,7 @@ def _pack_units(units: list[list[str]], source: Mapping[str, MLAAttentionSpec],
 
 def _derived_groups(bundle: list[str], source: Mapping[str, MLAAttentionSpec],
                     block_size: int, hot_blocks: int) -> tuple[KVCacheGroupSpec, ...]:
-    pages = {page_size_bytes(source[n]) for n in bundle}
+    pages = {source[n].page_size_bytes for n in bundle}
     if len(pages) != 1:
         raise ValueError(f"the source layers {bundle} of one HiSparse hot group have pages "
                          f"of {sorted(pages)} bytes; they must share one size")
@@ -163,7 +162,7 @@ def hisparse_kv_cache_groups(
                          "they must resolve to one")
     block_size = block_sizes.pop()
     hot_blocks = cdiv(planning.hot_rows(), block_size)
-    indexer_page = sum(page_size_bytes(s) for s in indexer.values())
+    indexer_page = sum(s.page_size_bytes for s in indexer.values())
     residents, hots = [], []
     for bundle in _pack_units(_hot_units(source), source, indexer_page):
         resident, hot = _derived_groups(bundle, source, block_size, hot_blocks)
@@ -201,7 +200,7 @@ def plan_host_pool(groups: Sequence[KVCacheGroupSpec], max_model_len: int,
     if len(host) != 1:
         raise AssertionError(f"HiSparse needs one host-resident group, got {len(host)}")
     (source,) = host
-    stride = page_size_bytes(source.kv_cache_spec)
+    stride = source.kv_cache_spec.page_size_bytes
     if shared_host_pool:
         # Ranks map the pool's pages: each block starts on an OS page.
         stride = cdiv(stride, mmap.PAGESIZE) * mmap.PAGESIZE

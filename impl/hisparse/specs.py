@@ -6,6 +6,7 @@ these pages are either copies of host pages (resident) or scratch (hot).
 """
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from impl.kv_cache_spec import KVCacheSpec
 from impl.math_utils import cdiv
@@ -43,3 +44,6 @@ class HiSparseHotSpec(KVCacheSpec):
 # KV events call both kinds unknown (vLLM's KVCacheSpecKind has no name for
 # them); the spec class name would otherwise give the kind.
 HiSparseResidentSpec.kind = HiSparseHotSpec.kind = "unknown"
+# Their page is the size given, not a grid of heads and states.
+HiSparseResidentSpec.real_page_size_bytes = HiSparseHotSpec.real_page_size_bytes = property(
+    attrgetter("page_size"))

@@ -7,7 +7,6 @@ from impl.kv_cache_spec import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheGroupRole,
-    KVCacheSpec,
     MambaSpec,
     RSWASpec,
     SinkFullAttentionSpec,
@@ -34,7 +33,6 @@ from impl.managers.registry import (
 from impl.managers.rswa import RSWAManager
 from impl.managers.sink_full_attention import SinkFullAttentionManager
 from impl.managers.sliding_window import SlidingWindowManager
-from impl.math_utils import cdiv
 
 for _spec, _manager in (
     (SinkFullAttentionSpec, SinkFullAttentionManager),
@@ -50,21 +48,3 @@ for _spec, _manager in (
 ):
     register_manager(_spec, _manager)
 register_role_manager(KVCacheGroupRole.HISPARSE_SOURCE, HiSparseSourceManager)
-
-def max_admission_blocks_per_request(
-    spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int
-) -> int | None:
-    """The most blocks one request of a recycling kind holds at a time (what
-    full_sequence_must_fit admits by); None for kinds that keep every block
-    until the request ends."""
-    if isinstance(spec, SlidingWindowSpec):
-        # The window behind the last computed token plus what is in flight;
-        # one more since the window need not start on a block boundary.
-        span = spec.sliding_window - 1 + spec.extra_retained_tokens + max_in_flight_tokens
-        return cdiv(min(span, max_model_len), spec.block_size) + 1
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        span = spec.attention_chunk_size + max_in_flight_tokens
-        return cdiv(min(span, max_model_len), spec.block_size)
-    if isinstance(spec, HiSparseResidentSpec):
-        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
-    return None

@@ -110,7 +110,7 @@ def test_shared_host_pool_rounds_the_stride_to_os_pages():
 
 def _steady_state_config():
     attn = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype_size=2)
-    page = isizing.page_size_bytes(attn)
+    page = attn.page_size_bytes
     return [
         KVCacheGroupSpec(("source",), attn, host_resident=True),
         KVCacheGroupSpec(("indexer",), attn),

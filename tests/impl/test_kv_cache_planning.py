@@ -23,7 +23,7 @@ from impl.kv_cache_planning import (
     kv_cache_groups_tp_replicas,
     project_kv_cache_groups_to_worker,
 )
-from impl.kv_cache_sizing import UniformTypeKVCacheSpecs, get_kv_cache_groups, page_size_bytes
+from impl.kv_cache_sizing import UniformTypeKVCacheSpecs, get_kv_cache_groups
 from impl.kv_cache_spec import (
     FullAttentionSpec,
     HiddenStateCacheSpec,
@@ -45,7 +45,7 @@ def window(bs=16, heads=2, head=64, w=1, **kw):
                              sliding_window=w, **kw)
 
 
-PAGE = page_size_bytes(full())  # 16 x 2 x 128 x 4 = 16,384 bytes
+PAGE = full().page_size_bytes  # 16 x 2 x 128 x 4 = 16,384 bytes
 
 
 def cfg(max_model_len=512, **kw) -> KVCachePlanningConfig:
@@ -250,7 +250,7 @@ def test_configs_agree_with_vllm(case, layout):
     for p, v in zip(mine, theirs):
         assert p.num_blocks == v.num_blocks
         assert p.kv_tp_replicas == v.kv_tp_replicas
-        assert [(list(g.layer_names), page_size_bytes(g.kv_cache_spec))
+        assert [(list(g.layer_names), g.kv_cache_spec.page_size_bytes)
                 for g in p.kv_cache_groups] == [
             (g.layer_names, g.kv_cache_spec.page_size_bytes) for g in v.kv_cache_groups]
         assert [(t.size, t.layers, t.layer_stride, t.block_stride, t.offset)

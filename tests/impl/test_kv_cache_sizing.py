@@ -23,7 +23,6 @@ from impl.kv_cache_sizing import (
     get_max_concurrency,
     layer_kv_cache_shape,
     layer_view_shape_bytes,
-    page_size_bytes,
     resolve_kv_cache_block_sizes,
 )
 from impl.kv_cache_spec import (
@@ -118,7 +117,7 @@ def test_qwen2_0_5b_worked_figure():
     layers take 196,608 bytes a block; 25,938,100,224 / 196,608 = 131,928."""
     groups = get_kv_cache_groups(qwen2_0_5b())
     assert len(groups) == 1 and len(groups[0].layer_names) == 24
-    assert page_size_bytes(groups[0].kv_cache_spec) == 8192
+    assert groups[0].kv_cache_spec.page_size_bytes == 8192
     assert bytes_per_block(groups) == 196_608
     plan = get_kv_cache_config_from_groups(groups, 25_938_100_224)
     assert plan.num_blocks == 131_928
@@ -129,14 +128,14 @@ def test_qwen2_0_5b_worked_figure():
 
 
 def test_page_sizes_by_kind():
-    assert page_size_bytes(full(16, 8, 128)) == 8 * 16 * 256 * 2 == 65_536
+    assert full(16, 8, 128).page_size_bytes == 8 * 16 * 256 * 2 == 65_536
     # MLA: one 576-wide latent a token, no V.
-    assert page_size_bytes(deepseek_v3()["model.layers.0.self_attn.attn"]) == 64 * 576 * 2
+    assert deepseek_v3()["model.layers.0.self_attn.attn"].page_size_bytes == 64 * 576 * 2
     # Mamba: its state, whatever the block size.
     m = jamba_like()["model.layers.0.mamba"]
-    assert page_size_bytes(m) == 8192 * 3 * 2 + 8192 * 16 * 2 == 311_296
-    assert page_size_bytes(MambaSpec(4096, shapes=m.shapes, dtype_sizes=m.dtype_sizes)) == 311_296
-    assert page_size_bytes(full(16, 8, 128, page_size_padded=70_000)) == 70_000
+    assert m.page_size_bytes == 8192 * 3 * 2 + 8192 * 16 * 2 == 311_296
+    assert MambaSpec(4096, shapes=m.shapes, dtype_sizes=m.dtype_sizes).page_size_bytes == 311_296
+    assert full(16, 8, 128, page_size_padded=70_000).page_size_bytes == 70_000
 
 
 def test_tensor_parallelism_splits_the_heads_and_grows_the_pool():
@@ -168,7 +167,7 @@ def test_jamba_pages_are_unified_by_padding():
     """Attention pages (65,536) do not divide the Mamba page (311,296): the
     attention page is padded up to it; 4 attention layers, so 7 Mamba groups of 4."""
     groups = get_kv_cache_groups(jamba_like())
-    assert {page_size_bytes(g.kv_cache_spec) for g in groups} == {311_296}
+    assert {g.kv_cache_spec.page_size_bytes for g in groups} == {311_296}
     assert [len(g.layer_names) for g in groups] == [4] * 8
     # Groups in the order kinds first appear: layer 0 is Mamba.
     assert [type(g.kv_cache_spec).__name__ for g in groups] == ["MambaSpec"] * 7 + [
@@ -176,7 +175,7 @@ def test_jamba_pages_are_unified_by_padding():
     assert groups[-1].kv_cache_spec.page_size_padded == 311_296
     # Blocks of 80 attention tokens make the larger page (327,680): Mamba is padded.
     aligned = get_kv_cache_groups(jamba_like(80))
-    assert {page_size_bytes(g.kv_cache_spec) for g in aligned} == {327_680}
+    assert {g.kv_cache_spec.page_size_bytes for g in aligned} == {327_680}
 
 
 def test_a_smaller_page_grows_its_block_size_when_it_divides():
@@ -190,7 +189,7 @@ def test_one_kind_with_different_heads_is_one_uniform_type_group():
     specs = {"a": full(16, 8, 128), "b": full(16, 4, 128)}
     (group,) = get_kv_cache_groups(specs)
     assert isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs)
-    assert page_size_bytes(group.kv_cache_spec) == 65_536 + 32_768
+    assert group.kv_cache_spec.page_size_bytes == 65_536 + 32_768
 
 
 def test_block_sizes_of_hybrid_models():
@@ -331,13 +330,13 @@ def test_groups_blocks_and_tensors_agree_with_vllm(model, layout):
     config = _vllm_config(layout)
     vllm_specs = {name: _vllm_spec(s) for name, s in specs.items()}
     for name, s in specs.items():
-        assert page_size_bytes(s) == vllm_specs[name].page_size_bytes, name
+        assert s.page_size_bytes == vllm_specs[name].page_size_bytes, name
         assert layer_view_shape_bytes(s, 1000) == (
             compute_layer_kv_cache_shape_bytes(vllm_specs[name], 1000)), name
     vllm_groups = sizing.get_kv_cache_groups(config, dict(vllm_specs))
     groups = get_kv_cache_groups(specs)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
-             page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
+             g.kv_cache_spec.page_size_bytes) for g in groups] == _as_impl_groups(vllm_groups)
     for memory in (40 * GiB, 25_938_100_224, 3 * GiB + 12345):
         vllm_plan = sizing.get_kv_cache_config_from_groups(config, vllm_groups, memory)
         plan = get_kv_cache_config_from_groups(groups, memory, layout=layout)
@@ -432,7 +431,7 @@ def test_shared_by_plan_agrees_with_vllm_0_17(model):
     vllm_groups = vllm_sizing().get_kv_cache_groups(config, vllm_specs)
     groups = get_kv_cache_groups(specs, pad_pages=False)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
-             page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
+             g.kv_cache_spec.page_size_bytes) for g in groups] == _as_impl_groups(vllm_groups)
     vllm_plan = vllm_sizing().get_kv_cache_config_from_groups(config, vllm_groups, 40 * GiB)
     plan = get_kv_cache_config_from_groups(groups, 40 * GiB, KVCacheTensorPlan.SHARED_BY)
     assert plan.num_blocks == vllm_plan.num_blocks
@@ -523,13 +522,13 @@ def test_page_geometry_of_packed_and_compressed_caches():
     v4 = deepseek_v4_like(1)
     # MLA: 1 head x 64 states x 656 packed bytes; the indexer 64 x 132; the
     # ring 2 heads x 4 tokens x 128 (no V) x 2 bytes.
-    assert page_size_bytes(v4["l.0.attn"]) == 64 * 656
-    assert page_size_bytes(v4["l.0.indexer"]) == 64 * 132
-    assert page_size_bytes(v4["l.0.tail"]) == 2 * 4 * 128 * 2
+    assert v4["l.0.attn"].page_size_bytes == 64 * 656
+    assert v4["l.0.indexer"].page_size_bytes == 64 * 132
+    assert v4["l.0.tail"].page_size_bytes == 2 * 4 * 128 * 2
     # 4 tokens a state: a 1024-token block holds 256 indexer states.
-    assert page_size_bytes(glm5_like()["layers.0.indexer"]) == 256 * 132
+    assert glm5_like()["layers.0.indexer"].page_size_bytes == 256 * 132
     # An MLA alignment pads the page up to its next multiple.
-    assert page_size_bytes(MLAAttentionSpec(16, head_size=576, alignment=1000)) == 37_000
+    assert MLAAttentionSpec(16, head_size=576, alignment=1000).page_size_bytes == 37_000
 
 
 def test_block_outermost_layouts_pack_mixed_pages():
@@ -559,7 +558,7 @@ def test_hidden_state_layers_get_a_table_of_their_own():
     hidden = groups[-1]
     assert hidden.layer_names == ("cache_only_layers.0",)
     assert hidden.kv_cache_spec.block_size == 136
-    assert page_size_bytes(hidden.kv_cache_spec) == 1_114_112
+    assert hidden.kv_cache_spec.page_size_bytes == 1_114_112
     assert resolve_kv_cache_block_sizes([g.kv_cache_spec for g in groups], True) == (544, 136)
 
 
@@ -583,7 +582,7 @@ def test_sparse_packed_and_fallback_models_agree_with_vllm(model, layout):
     specs = NEW_MODELS[model]()
     vllm_specs = {n: _vllm_spec(s) for n, s in specs.items()}
     for name, spec in specs.items():
-        assert page_size_bytes(spec) == vllm_specs[name].page_size_bytes, name
+        assert spec.page_size_bytes == vllm_specs[name].page_size_bytes, name
     config = _vllm_config(layout)
     try:
         vllm_groups = sizing.get_kv_cache_groups(config, dict(vllm_specs))
@@ -593,7 +592,7 @@ def test_sparse_packed_and_fallback_models_agree_with_vllm(model, layout):
         return
     groups = get_kv_cache_groups(specs, layout=layout)
     assert [(g.layer_names, type(g.kv_cache_spec).__name__, g.kv_cache_spec.block_size,
-             page_size_bytes(g.kv_cache_spec)) for g in groups] == _as_impl_groups(vllm_groups)
+             g.kv_cache_spec.page_size_bytes) for g in groups] == _as_impl_groups(vllm_groups)
     for memory in (3 * GiB + 12345, 64 * GiB):
         try:
             vllm_plan = sizing.get_kv_cache_config_from_groups(config, vllm_groups, memory)

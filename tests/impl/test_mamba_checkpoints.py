@@ -12,7 +12,7 @@ from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.block_pool import BlockPool
 from impl.invariants import InvariantChecker, InvariantViolation, check_invariants
 from impl.kv_cache_manager import KVCacheManager
-from impl.kv_cache_sizing import max_memory_usage_bytes, page_size_bytes
+from impl.kv_cache_sizing import max_memory_usage_bytes
 from impl.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 from impl.mamba_checkpoint import (
     get_mamba_prefill_checkpoint_position,
@@ -190,7 +190,7 @@ def test_a_mid_prompt_checkpoint_is_transient(retention, reserved):
 
 def test_checkpoint_blocks_count_in_the_memory_bound():
     spec = mamba(32, num_prefill_checkpoint_blocks=1, num_speculative_blocks=2)
-    assert max_memory_usage_bytes(spec, 1024) == 5 * page_size_bytes(spec)
+    assert max_memory_usage_bytes(spec, 1024) == 5 * spec.page_size_bytes
 
 
 def test_0_17_refuses_checkpoint_blocks():

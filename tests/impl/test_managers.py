@@ -11,8 +11,8 @@ from impl.coordinator import (
     HybridKVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
     UnitaryKVCacheCoordinator,
-    partial_hash_hits_enabled,
 )
+from impl.group_rules import partial_hash_hits_enabled
 from impl.invariants import InvariantChecker
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from harness.peer import convert
 from harness.peer import features as F
-from harness.peer.adapters.base import Adapter, register, unwrap, wrap
+from harness.peer.adapters.base import Adapter, register, unwrap
 from harness.peer.adapters.metrics import impl_collector
 from harness.peer.lacks import require
 from impl import block as iblock
@@ -71,6 +71,3 @@ class KVCacheBlock(metaclass=_BlockMeta):  # noqa: D101
         block.is_null = is_null
         return block
 
-
-def wrap_pool(impl_pool):
-    return wrap(impl_pool)

@@ -157,6 +157,6 @@ def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model
     spec = convert.to_impl_spec(kv_cache_spec)
     impl_cls = imanagers.manager_class_for(spec, convert.to_impl_role(role))
     kwargs.setdefault("max_admission_blocks_per_request",
-                      imanagers.max_admission_blocks_per_request(
-                          spec, max_in_flight_tokens, max_model_len))
+                      spec.max_admission_blocks_per_request(max_in_flight_tokens,
+                                                            max_model_len))
     return ADAPTER_FOR[impl_cls](spec, **kwargs)

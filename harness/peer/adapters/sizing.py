@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from harness.peer import convert
+from harness.peer import convert, proxies
 from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
@@ -88,16 +88,10 @@ def _layout(vllm_config) -> str | None:
     return getattr(layout, "name", str(layout))
 
 
-def _check_config(vllm_config) -> None:
-    """Nothing refused today: kept as the one place a config is checked."""
-
-
 def _host_pool_bytes(vllm_config) -> int | None:
     """HiSparse's host budget as vLLM reads it; a test may monkeypatch
     vLLM's reader on the kv_cache_utils module it sees (the proxy)."""
-    from harness.peer import rebind
-
-    patched = rebind.proxied_override("vllm.v1.core.kv_cache_utils",
+    patched = proxies.proxied_override("vllm.v1.core.kv_cache_utils",
                                       "get_hisparse_host_pool_bytes")
     if patched is not None:
         return patched(vllm_config)
@@ -313,7 +307,6 @@ def _write_back(vllm_specs: dict, impl_specs: dict) -> None:
 
 
 def get_kv_cache_groups(vllm_config, kv_cache_spec):
-    _check_config(vllm_config)
     cfg = _marking_drafts(planning_config(vllm_config), [kv_cache_spec])
     specs = convert.to_impl_specs(kv_cache_spec)
     originals = dict(kv_cache_spec)
@@ -331,7 +324,6 @@ def unify_hybrid_kv_cache_specs(kv_cache_spec):
 
 
 def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
-    _check_config(vllm_config)
     plan = planning_config(vllm_config).plan(
         [convert.to_impl_group(g) for g in kv_cache_groups], available_memory)
     # impl lists HiSparse's host group first, as vLLM does; the groups are the caller's.
@@ -460,7 +452,6 @@ def estimate_max_model_len(vllm_config, kv_cache_spec, available_memory):
 
 
 def check_enough_kv_cache_memory(vllm_config, kv_cache_spec, available_memory):
-    _check_config(vllm_config)
     iplan.check_enough_kv_cache_memory(convert.to_impl_specs(kv_cache_spec),
                                        available_memory, planning_config(vllm_config))
 
@@ -513,7 +504,6 @@ def _project_kv_cache_groups_to_worker(global_kv_cache_groups, worker_spec):
 
 
 def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
-    _check_config(vllm_config)
     cfg = _marking_drafts(planning_config(vllm_config), kv_cache_specs)
     worker_specs = [convert.to_impl_specs(specs) for specs in kv_cache_specs]
     plans, max_model_len = iplan.get_kv_cache_configs(worker_specs, available_memory, cfg)
@@ -536,10 +526,10 @@ def _impl(spec):
 
 def _spec_subclass(vllm_cls):
     def page_size_bytes(self) -> int:
-        return isizing.page_size_bytes(_impl(self))
+        return _impl(self).page_size_bytes
 
     def unpadded(self) -> int:
-        return isizing.unpadded_page_size_bytes(_impl(self))
+        return _impl(self).real_page_size_bytes
 
     def merge(cls, specs):
         # impl's MergeError (an AssertionError) or window ValueError goes to
@@ -556,16 +546,16 @@ def _spec_subclass(vllm_cls):
         return isizing.max_num_blocks_per_req(_impl(self), max_len, **_usage_args(vllm_config))
 
     def num_heads(self) -> int:
-        return isizing.num_heads(_impl(self))
+        return _impl(self).num_heads
 
     def state_content_size_bytes(self) -> int:
-        return isizing.state_content_size_bytes(_impl(self))
+        return _impl(self).state_content_size_bytes
 
     def num_states(self) -> int:
-        return isizing.num_states(_impl(self))
+        return _impl(self).num_states
 
     def get_num_kernel_states(self, kernel_block_size: int) -> int:
-        return isizing.num_states(_impl(self), kernel_block_size)
+        return _impl(self).get_num_kernel_states(kernel_block_size)
 
     def has_layer_views(self) -> bool:
         return _impl(self).has_layer_views
@@ -614,7 +604,7 @@ def _uniform_subclass(vllm_cls):
                     _impl(s) == first)
 
     def page_size_bytes(self) -> int:
-        return isizing.page_size_bytes(_impl(self))
+        return _impl(self).page_size_bytes
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
         cfg = planning_config(vllm_config)
