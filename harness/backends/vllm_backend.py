@@ -218,6 +218,32 @@ class _Rule:
     block_sizes_rule: BlockSizesRule
 
 
+def _installed_profile(profile: VersionProfile | None,
+                       any_release: bool) -> VersionProfile | None:
+    """The installed vLLM's profile, which must be the trace's (`profile`);
+    with `any_release` whatever profile it has, or None."""
+    if any_release:
+        try:
+            return get_profile(installed_vllm_version())
+        except UnsupportedVersion:
+            return None
+    installed = installed_vllm_profile()
+    if profile is not None and profile.name != installed.name:
+        raise EnvironmentProblem(
+            f"the trace wants vLLM {profile.name} but vLLM "
+            f"{installed_vllm_version()} is installed"
+        )
+    return installed
+
+
+def _quiet_vllm_logging() -> None:
+    # vLLM logs a warning per refused reset and per unseeded hash; the
+    # harness reports those outcomes itself.
+    vllm_logger = logging.getLogger("vllm")
+    if vllm_logger.level < logging.ERROR:
+        vllm_logger.setLevel(logging.ERROR)
+
+
 class VllmBackend(Backend):
     """The installed vLLM must have a profile (the trace's, when one is given).
     With `any_release`, any followed release is driven as it is (bisect): its
@@ -227,31 +253,29 @@ class VllmBackend(Backend):
 
     def __init__(self, config: CacheConfig, profile: VersionProfile | None = None,
                  any_release: bool = False) -> None:
-        if any_release:
-            try:
-                installed = get_profile(installed_vllm_version())
-            except UnsupportedVersion:
-                installed = None
-        else:
-            installed = installed_vllm_profile()
-            if profile is not None and profile.name != installed.name:
-                raise EnvironmentProblem(
-                    f"the trace wants vLLM {profile.name} but vLLM "
-                    f"{installed_vllm_version()} is installed"
-                )
+        installed = _installed_profile(profile, any_release)
         self.api = installed_vllm_api()
         super().__init__(config, installed)
-        # vLLM logs a warning per refused reset and per unseeded hash; the
-        # harness reports those outcomes itself.
-        vllm_logger = logging.getLogger("vllm")
-        if vllm_logger.level < logging.ERROR:
-            vllm_logger.setLevel(logging.ERROR)
+        _quiet_vllm_logging()
+        self._bind_request_types()
+        os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
+            "1" if config.events_use_int_hashes else "0"
+        )
+        kv_cache_config = self._kv_cache_config(config)
+        # block_sizes reads only the rule, which the API shape carries for
+        # releases without a profile too.
+        scheduler_block_size, hash_block_size = config.block_sizes(
+            _Rule(self.api.block_sizes_rule))
+        kwargs = self._manager_kwargs(config, scheduler_block_size, hash_block_size)
+        self._build_manager(config, kv_cache_config, kwargs)
+        self._init_hashing(config, hash_block_size)
+        self._arity3 = self.api.get_computed_blocks_arity == 3
 
+    def _bind_request_types(self) -> None:
+        """vLLM's Request, its statuses and SamplingParams, which every
+        request the backend adds is built from."""
         from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import KVCacheConfig
         from vllm.v1.request import Request, RequestStatus
 
         self._Request = Request
@@ -262,9 +286,11 @@ class VllmBackend(Backend):
         self.status_finished = RequestStatus.FINISHED_STOPPED
         self._SamplingParams = SamplingParams
         self._kv_cache_utils = kv_cache_utils
-        os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = (
-            "1" if config.events_use_int_hashes else "0"
-        )
+
+    def _kv_cache_config(self, config: CacheConfig):
+        """vLLM's KVCacheConfig for the trace's groups; a group or knob the
+        release cannot build is refused, naming the trace field."""
+        from vllm.v1.kv_cache_interface import KVCacheConfig
 
         api = self.api
         if api.sink_manager_rejects_zeroing_arg and any(
@@ -285,12 +311,15 @@ class VllmBackend(Backend):
                 extra["prefix_cache_retention_interval"] = retention
         if config.hisparse_host_num_blocks is not None:
             extra["hisparse_host_num_blocks"] = config.hisparse_host_num_blocks
-        kv_cache_config = KVCacheConfig(
+        return KVCacheConfig(
             num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra
         )
-        # block_sizes reads only the rule, which the API shape carries for
-        # releases without a profile too.
-        scheduler_block_size, hash_block_size = config.block_sizes(_Rule(api.block_sizes_rule))
+
+    def _manager_kwargs(self, config: CacheConfig, scheduler_block_size: int,
+                        hash_block_size: int) -> dict:
+        """KVCacheManager's arguments besides its KVCacheConfig, each only where
+        the trace sets it; a knob the release lacks is refused."""
+        api = self.api
         kwargs = dict(
             max_model_len=config.max_model_len,
             hash_block_size=hash_block_size,
@@ -306,6 +335,19 @@ class VllmBackend(Backend):
         if config.max_in_flight_tokens is not None and api.in_flight_tokens_arg:
             # Only the admission cap reads it; versions without one ignore it.
             kwargs[api.in_flight_tokens_arg] = config.max_in_flight_tokens
+        kwargs.update(self._optional_knobs(config))
+        if config.use_eagle:
+            kwargs["use_eagle"] = True
+        if config.num_prefill_lookahead:
+            kwargs["num_prefill_lookahead"] = config.num_prefill_lookahead
+        return kwargs
+
+    def _optional_knobs(self, config: CacheConfig) -> dict:
+        """The manager arguments that only some releases take (watermark,
+        hash lookahead, Mamba shared-prefix checkpoints), refused by name
+        where the release lacks one the trace sets."""
+        api = self.api
+        kwargs = {}
         if config.watermark:
             if not api.manager_takes_watermark:
                 raise BackendError(f"vLLM {self._release} has no watermark", "cache.watermark")
@@ -321,14 +363,17 @@ class VllmBackend(Backend):
                 raise BackendError(f"vLLM {self._release} has no Mamba shared-prefix "
                                    "checkpoints", "cache.enable_mamba_shared_prefix_checkpoint")
             kwargs["enable_mamba_shared_prefix_checkpoint"] = True
-        if config.use_eagle:
-            kwargs["use_eagle"] = True
-        if config.num_prefill_lookahead:
-            kwargs["num_prefill_lookahead"] = config.num_prefill_lookahead
+        return kwargs
+
+    def _build_manager(self, config: CacheConfig, kv_cache_config, kwargs: dict) -> None:
+        """The KVCacheManager (and a HiSparse coordinator over it)."""
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+        retention = config.prefix_cache_retention_interval
         # Releases reading the retention interval from the environment read it
         # while the manager is built.
         env_retention = (str(retention) if retention is not None
-                         and api.retention_interval_from == "env" else None)
+                         and self.api.retention_interval_from == "env" else None)
         with _env("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", env_retention):
             self.manager = KVCacheManager(kv_cache_config, **kwargs)
         if config.hisparse:
@@ -337,6 +382,12 @@ class VllmBackend(Backend):
             # Built before the first request, as vLLM's HiSparse connector does.
             self.hisparse = get_hisparse_coordinator(self.manager)
 
+    def _init_hashing(self, config: CacheConfig, hash_block_size: int) -> None:
+        """vLLM's NONE_HASH (the trace's, when it recorded one) and the block
+        hasher every request gets."""
+        from vllm.utils.hashing import get_hash_fn_by_name
+
+        kv_cache_utils = self._kv_cache_utils
         hash_fn = get_hash_fn_by_name(config.hash_algo)
         # NONE_HASH is a module global of vLLM, seeded from PYTHONHASHSEED.
         with _env("PYTHONHASHSEED", config.hash_seed):
@@ -344,10 +395,10 @@ class VllmBackend(Backend):
         if config.none_hash is not None:  # the one the trace's vLLM used
             kv_cache_utils.NONE_HASH = bytes.fromhex(config.none_hash)
         self._none_hash = kv_cache_utils.NONE_HASH
+        lookahead = config.num_hash_lookahead_tokens
         self._block_hasher = kv_cache_utils.get_request_block_hasher(
             hash_block_size, hash_fn, *((lookahead,) if lookahead else ())
         )
-        self._arity3 = api.get_computed_blocks_arity == 3
 
     @property
     def _release(self) -> str:

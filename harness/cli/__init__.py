@@ -1,2 +1,3 @@
-"""The command line: kvconform's parser and verbs (main.py), what every verb
-shares (support.py), and the verb groups of capture, peer and matrix."""
+"""The command line: kvconform's parser (main.py, which lists the verb
+modules), what every verb shares (support.py), and a module per verb or verb
+group, each with `register(subparsers)`."""

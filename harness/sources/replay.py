@@ -183,72 +183,24 @@ def check_trace(
     t0 = time.perf_counter()
     writer: TraceWriter | None = None
     try:
-        trace = open_trace(path)
-        outcome.profile = trace.profile.name
-        outcome.truncated = trace.header.truncated
-        if writer_path is None and random_none_hash(trace.header, trace.profile):
-            raise TraceError(path, 1, "cache.hash_seed", "not replayable: random NONE_HASH "
-                             f"(hash_seed null: vLLM {trace.header.vllm_version} drew NONE_HASH "
-                             f"at random for {trace.header.cache.hash_algo} and the trace does "
-                             "not record it in cache.none_hash; capture with PYTHONHASHSEED "
-                             "set, or with kvconform's capture, which records it)")
-        try:
-            if "vllm" in backend_names:
-                installed = installed_vllm_profile()
-                if installed.name != trace.profile.name and not explicit:
-                    outcome.skipped = (f"recorded for vLLM {trace.header.vllm_version}; "
-                                       f"the installed vLLM has profile {installed.name}")
-                    return outcome
-            backends = _build(path, trace, backend_names, check_invariants)
-        except EnvironmentProblem as e:
-            raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+        trace = _open_replayable(path, outcome, writer_path)
+        backends = _backends_unless_skipped(path, trace, backend_names, explicit,
+                                            check_invariants, outcome)
+        if backends is None:
+            return outcome
         if writer_path is not None:
-            from harness.backends.vllm_backend import installed_vllm_version
-
-            header = trace.header
-            cache = header.cache
-            if cache.hash_seed is None and cache.none_hash is None:
-                # Whatever NONE_HASH vLLM drew, the recorded answers need it.
-                cache = replace(cache, none_hash=backends[0].none_hash)
-            writer = TraceWriter(writer_path, TraceHeader(
-                installed_vllm_version(), header.source, cache, header.description,
-                header.model, header.tensors, truncated=header.truncated))
-        bar = _progress(trace) if progress else None
+            writer = _writer(writer_path, trace.header, backends[0])
         if observe or observe_pool:
             outcome.traffic = Traffic(pool_samples=observe_pool)
-        _start(backends)
-        t_run = time.perf_counter()
-        try:
-            # Observing or recording needs each answer as it comes.
-            batched = writer is None and outcome.traffic is None
-            n = _run_batched(trace, backends, bar) if batched else None
-            if n is None:
-                if batched:
-                    # A batch failed: find the failure event by event.
-                    trace = open_trace(path)
-                    backends = _build(path, trace, backend_names, check_invariants)
-                    _start(backends)
-                    if bar is not None:
-                        bar.close()
-                        bar = _progress(trace)
-                n = _run(trace, backends, outcome, writer, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-            gc.unfreeze()
-        outcome.run_seconds = time.perf_counter() - t_run
-        outcome.num_events = n
+        backends = _run_checked(path, trace, backends, backend_names, check_invariants,
+                                outcome, writer, progress)
         if outcome.divergence is not None:
             d = outcome.divergence
             record = d.record
             outcome.context = _context(path, backend_names, record.line, record,
                                        d.answers, backends)
         if writer is not None:
-            if outcome.divergence is None:
-                writer.close()
-                outcome.recorded = writer_path
-            else:
-                writer.abort()
+            _close_writer(writer, writer_path, outcome)
     except TraceError as e:
         outcome.error = e
         if writer is not None:
@@ -256,6 +208,95 @@ def check_trace(
     finally:
         outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+def _open_replayable(path: str, outcome: TraceOutcome, writer_path: str | None) -> Trace:
+    """The trace opened, its profile and truncation noted in the outcome; one
+    whose NONE_HASH vLLM drew at random is bad input, unless it is being
+    recorded (the recording vLLM's NONE_HASH is then written)."""
+    trace = open_trace(path)
+    outcome.profile = trace.profile.name
+    outcome.truncated = trace.header.truncated
+    if writer_path is None and random_none_hash(trace.header, trace.profile):
+        raise TraceError(path, 1, "cache.hash_seed", "not replayable: random NONE_HASH "
+                         f"(hash_seed null: vLLM {trace.header.vllm_version} drew NONE_HASH "
+                         f"at random for {trace.header.cache.hash_algo} and the trace does "
+                         "not record it in cache.none_hash; capture with PYTHONHASHSEED "
+                         "set, or with kvconform's capture, which records it)")
+    return trace
+
+
+def _backends_unless_skipped(path: str, trace: Trace, names: list[str], explicit: bool,
+                             check_invariants: bool, outcome: TraceOutcome
+                             ) -> list[Backend] | None:
+    """The named backends, or None (outcome.skipped says why) for a trace
+    found in a folder that was recorded for another vLLM than the installed
+    one. vLLM missing or without a profile is an environment error of the
+    trace."""
+    try:
+        if "vllm" in names:
+            installed = installed_vllm_profile()
+            if installed.name != trace.profile.name and not explicit:
+                outcome.skipped = (f"recorded for vLLM {trace.header.vllm_version}; "
+                                   f"the installed vLLM has profile {installed.name}")
+                return None
+        return _build(path, trace, names, check_invariants)
+    except EnvironmentProblem as e:
+        raise TraceError(path, 1, "vllm_version", str(e), ExitCode.ENVIRONMENT) from None
+
+
+def _writer(writer_path: str, header: TraceHeader, reference: Backend) -> TraceWriter:
+    """record's copy of the trace, headed by the installed vLLM's version."""
+    from harness.backends.vllm_backend import installed_vllm_version
+
+    cache = header.cache
+    if cache.hash_seed is None and cache.none_hash is None:
+        # Whatever NONE_HASH vLLM drew, the recorded answers need it.
+        cache = replace(cache, none_hash=reference.none_hash)
+    return TraceWriter(writer_path, TraceHeader(
+        installed_vllm_version(), header.source, cache, header.description,
+        header.model, header.tensors, truncated=header.truncated))
+
+
+def _run_checked(path: str, trace: Trace, backends: list[Backend], names: list[str],
+                 check_invariants: bool, outcome: TraceOutcome, writer: TraceWriter | None,
+                 progress: bool) -> list[Backend]:
+    """Every event through the backends and checked, in batches where nothing
+    needs each answer as it comes (observing, recording), else or after a
+    failed batch event by event, from fresh backends; the run's time and event
+    count go in the outcome. Returns the backends that ran last."""
+    bar = _progress(trace) if progress else None
+    _start(backends)
+    t_run = time.perf_counter()
+    try:
+        batched = writer is None and outcome.traffic is None
+        n = _run_batched(trace, backends, bar) if batched else None
+        if n is None and batched:
+            # A batch failed: find the failure event by event.
+            trace = open_trace(path)
+            backends = _build(path, trace, names, check_invariants)
+            _start(backends)
+            if bar is not None:
+                bar.close()
+                bar = _progress(trace)
+        if n is None:
+            n = _run(trace, backends, outcome, writer, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+        gc.unfreeze()
+    outcome.run_seconds = time.perf_counter() - t_run
+    outcome.num_events = n
+    return backends
+
+
+def _close_writer(writer: TraceWriter, writer_path: str, outcome: TraceOutcome) -> None:
+    """record's copy kept when the trace passed, removed when it diverged."""
+    if outcome.divergence is None:
+        writer.close()
+        outcome.recorded = writer_path
+    else:
+        writer.abort()
 
 
 def _start(backends: list[Backend]) -> None:
