@@ -34,9 +34,6 @@ def test_every_followed_release_has_a_shape_and_others_are_refused():
 @pytest.mark.parametrize("release", RELEASES)
 def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
     api, p = api_for(release), get_profile(release)
-    assert api.get_computed_blocks_arity == p.get_computed_blocks_arity
-    assert api.manager_takes_scheduler_block_size == p.manager_takes_scheduler_block_size
-    assert api.sink_manager_rejects_zeroing_arg == p.sink_manager_rejects_zeroing_arg
     assert api.block_sizes_rule == p.block_sizes_rule
     assert api.has_record_prefix_cache_stats == (
         p.stats_recorded_at is StatsRecordedAt.ADMISSION)
