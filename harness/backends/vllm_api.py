@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.core.vllm_releases import RELEASES, UnknownRelease, release_key
-from impl.profiles import BlockSizesRule
+from harness.core.vllm_releases import UnknownRelease, newest, release_key
+from impl.profiles import AdmissionControls, BlockSizesRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,8 @@ class VllmApi:
     in_flight_tokens_arg: str | None
     # KVCacheManager.__init__ takes watermark.
     manager_takes_watermark: bool
-    # allocate_slots' admission keywords, as far as the release has them.
+    # allocate_slots' admission keywords, as far as the release has them
+    # (the keywords are impl/profiles.py's AdmissionControls.args).
     admission_args: tuple[str, ...]
     # get_computed_blocks returns (blocks, hits) or (blocks, hits,
     # shared_prefix_boundary).
@@ -78,9 +79,10 @@ class VllmApi:
     request_reads_report_mode: bool = False
 
 
-_ADMISSION = ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
-
-_V017 = VllmApi(
+# Oldest first, each row the previous one plus the fields that change; a
+# release takes the last row whose `since` it has reached. A release that
+# calls vLLM as the one before it needs no row.
+_SHAPES: list[VllmApi] = [VllmApi(
     since="0.17.1",
     manager_takes_scheduler_block_size=False,
     in_flight_tokens_arg=None,
@@ -101,43 +103,46 @@ _V017 = VllmApi(
     has_boundary_state_offloads=False,
     has_finalize_partial_tail_offloads=False,
     manager_takes_shared_prefix_checkpoint=False,
-)
-_V020 = replace(_V017, since="0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
-                block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP,
-                group_takes_is_eagle_group=True)
-_V021 = replace(_V020, since="0.21.0", admission_args=_ADMISSION[:1])
-_V023 = replace(_V021, since="0.23.0", manager_takes_scheduler_block_size=True,
-                admission_args=_ADMISSION[:2], retention_interval_from="env")
-_V024 = replace(_V023, since="0.24.0", manager_takes_watermark=True, admission_args=_ADMISSION)
-_V026 = replace(_V024, since="0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
-                block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
-                get_computed_blocks_arity=3, has_block_copies=True,
-                sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
-_V027 = replace(_V026, since="0.27.0", has_record_prefix_cache_stats=True)
-_V028 = replace(_V027, since="0.28.0", request_takes_session_id=True,
-                manager_takes_num_prefill_lookahead=True)
-_V029 = replace(_V028, since="0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
-                retention_interval_from="kv_cache_config",
-                mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
-_V030 = replace(_V029, since="0.30.0", has_finalize_partial_tail_offloads=True)
-_V031 = replace(_V030, since="0.31.0", manager_takes_shared_prefix_checkpoint=True,
-                spec_takes_dcp_sharded=True)
-_V032 = replace(_V031, since="0.32.0", has_hisparse=True)
-_V033 = replace(_V032, since="0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
-                takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
+)]
 
-# Oldest first; a release takes the last row whose `since` it has reached.
-SHAPES: tuple[VllmApi, ...] = (_V017, _V020, _V021, _V023, _V024, _V026, _V027, _V028, _V029,
-                               _V030, _V031, _V032, _V033)
+
+def _then(since: str, **changes) -> None:
+    _SHAPES.append(replace(_SHAPES[-1], since=since, **changes))
+
+
+_then("0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
+      block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE_FOR_ONE_GROUP,
+      group_takes_is_eagle_group=True)
+_then("0.21.0", admission_args=AdmissionControls.FULL_SEQUENCE.args)
+_then("0.23.0", manager_takes_scheduler_block_size=True,
+      admission_args=AdmissionControls.RESERVED_BLOCKS.args, retention_interval_from="env")
+_then("0.24.0", manager_takes_watermark=True, admission_args=AdmissionControls.WATERMARK.args)
+_then("0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
+      block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
+      get_computed_blocks_arity=3, has_block_copies=True,
+      sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
+_then("0.27.0", has_record_prefix_cache_stats=True)
+_then("0.28.0", request_takes_session_id=True,
+      manager_takes_num_prefill_lookahead=True)
+_then("0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
+      retention_interval_from="kv_cache_config",
+      mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
+_then("0.30.0", has_finalize_partial_tail_offloads=True)
+_then("0.31.0", manager_takes_shared_prefix_checkpoint=True,
+      spec_takes_dcp_sharded=True)
+_then("0.32.0", has_hisparse=True)
+_then("0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
+      takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
+
+SHAPES: tuple[VllmApi, ...] = tuple(_SHAPES)
 
 
 def api_for(version: str) -> VllmApi:
     """The API shape of a vLLM release ('0.25.1', '0.32.0+cpu', ...)."""
     key = release_key(version)
-    newest = release_key(RELEASES[-1])
-    if key < release_key(SHAPES[0].since) or key[:2] > newest[:2]:
+    if key < release_key(SHAPES[0].since) or key[:2] > release_key(newest())[:2]:
         raise UnknownRelease(
             f"vLLM {version} is outside the releases whose API the adapter knows "
-            f"({SHAPES[0].since} to {RELEASES[-1]}; specs/RELEASES.md)"
+            f"({SHAPES[0].since} to {newest()}; specs/RELEASES.md)"
         )
     return [s for s in SHAPES if release_key(s.since) <= key][-1]

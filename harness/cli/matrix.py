@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help="trace files or folders (default: the bundled traces/)")
     p.add_argument("--releases", nargs="+", metavar="VERSION",
-                   help="only these releases (default: every profiled one, 0.17.1 on)")
+                   help="only these releases (default: every followed one, impl/releases.py)")
     p.add_argument("--fuzz-seconds", type=float, default=24.0,
                    help="each release's fuzz budget, sliced over the kind configs "
                    "(default 24)")

@@ -1,21 +1,18 @@
-"""The vLLM releases kvconform follows: the last patch release of every minor
-release from 0.17 on (specs/RELEASES.md reads each one's KV cache source).
-
-Overlays, the vLLM adapter's API-shape table and `kvconform bisect` walk this
-list; a minor release ("0.25") names its entry here ("0.25.1").
+"""The vLLM releases kvconform follows, as the harness uses them: the list and
+the version parser are impl's (impl/releases.py, the one place a release is
+listed); this module adds what only the harness needs, resolving a minor
+release ("0.25") to its followed patch release ("0.25.1") and the ranges
+`kvconform bisect` walks.
 """
 
 from __future__ import annotations
 
 import re
 
-RELEASES: tuple[str, ...] = (
-    "0.17.1", "0.18.1", "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0",
-    "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
-    "0.33.0",
-)
+from impl import releases as _releases
+from impl.releases import RELEASES, newest
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[+\-.].*)?$")
+__all__ = ["RELEASES", "UnknownRelease", "between", "newest", "release_key", "resolve"]
 
 
 class UnknownRelease(ValueError):
@@ -23,11 +20,9 @@ class UnknownRelease(ValueError):
 
 
 def release_key(version: str) -> tuple[int, int, int]:
-    """'0.25.1' -> (0, 25, 1); local parts ('+cpu') are ignored."""
-    m = _VERSION.match(version.strip())
-    if not m:
-        raise UnknownRelease(f"'{version}' is not a vLLM version (e.g. 0.25.1 or 0.25)")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    """'0.25.1' -> (0, 25, 1) (impl/releases.py's parser); a string that is no
+    version is bad input here (UnknownRelease)."""
+    return _releases.release_key(version, UnknownRelease)
 
 
 def resolve(version: str) -> str:

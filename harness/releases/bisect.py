@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.compare import first_difference
-from harness.core.vllm_releases import between
+from harness.core.vllm_releases import RELEASES, between, newest
 from harness.releases.release_answers import MARKER
 from harness.releases.vllm_overlay import ensure
 
@@ -268,10 +268,13 @@ def register(sub) -> None:
     p = sub.add_parser("bisect", help="the first vLLM release whose answers to a trace "
                        "differ from an older release's (each release through its overlay)")
     p.add_argument("trace", metavar="TRACE", help="a trace file (or a fuzz finding)")
-    p.add_argument("--from", dest="first", default="0.17.1", metavar="VERSION",
-                   help="the release whose answers are the reference (default 0.17.1)")
-    p.add_argument("--to", dest="last", default="0.33.0", metavar="VERSION",
-                   help="the newest release to try (default 0.33.0)")
+    # The defaults are the followed releases' ends (impl/releases.py), so a new
+    # release is bisected to without editing this verb.
+    p.add_argument("--from", dest="first", default=RELEASES[0], metavar="VERSION",
+                   help="the release whose answers are the reference "
+                   f"(default the oldest followed, {RELEASES[0]})")
+    p.add_argument("--to", dest="last", default=newest(), metavar="VERSION",
+                   help=f"the newest release to try (default the newest followed, {newest()})")
     p.add_argument("--json", action="store_true", help="the result as JSON on stdout")
     p.set_defaults(func=_cmd_bisect)
 

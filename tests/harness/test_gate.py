@@ -9,6 +9,7 @@ import pytest
 
 from harness.core.exit_codes import ExitCode
 from harness.gate.run import run_gate
+from impl.profiles import supported_versions
 
 pytestmark = pytest.mark.vllm
 SCENARIOS = Path(__file__).resolve().parents[2] / "traces" / "scenarios"
@@ -77,7 +78,7 @@ def test_a_vllm_without_a_profile_is_one_line_before_any_case(tmp_path, capsys, 
     out, err = capsys.readouterr()
     assert out == ""  # pytest never started
     assert err.strip().splitlines() == [
-        "kvconform: installed vLLM 0.9.0 has no profile (supported: 0.17-0.33)"]
+        f"kvconform: installed vLLM 0.9.0 has no profile (supported: {supported_versions()})"]
 
 
 ENGINE_TRACE = SCENARIOS.parent / "golden" / "v0.32" / "engine-multi-turn-chat.jsonl"
@@ -125,7 +126,8 @@ def test_an_unknown_assumed_profile_is_one_line_exit_2(capsys):
 
     assert main(["--assume-profile", "0.9", "gate", str(SCENARIOS)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "kvconform: --assume-profile: vLLM 0.9 has no profile (supported: 0.17-0.33)"
+    assert err == ("kvconform: --assume-profile: vLLM 0.9 has no profile "
+                   f"(supported: {supported_versions()})")
 
 
 def _raised_in(filename: str) -> Exception:

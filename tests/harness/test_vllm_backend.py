@@ -11,7 +11,7 @@ from harness.backends.vllm_backend import (
 )
 from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.core.events import AddRequest
-from impl.profiles import get_profile
+from impl.profiles import get_profile, supported_versions
 
 pytestmark = pytest.mark.vllm
 
@@ -24,7 +24,8 @@ def test_version_without_profile_is_an_environment_problem(monkeypatch):
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", "0.9.2")
-    with pytest.raises(EnvironmentProblem, match=r"0.9.2 has no profile \(supported: 0.17-0.33\)"):
+    with pytest.raises(EnvironmentProblem,
+                       match=rf"0.9.2 has no profile \(supported: {supported_versions()}\)"):
         VllmBackend(CacheConfig(num_blocks=4))
 
 
