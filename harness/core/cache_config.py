@@ -78,6 +78,14 @@ class GroupConfig:
             raise ValueError(f"dcp_sharded does not apply to a {self.kind} group (its "
                              "blocks are never sharded)")
 
+    @classmethod
+    def make(cls, block_size: int, kind: str = "full_attention", **fields) -> GroupConfig:
+        """A group from its fields by name, a registered kind's among them
+        (those go to params)."""
+        own = {k: v for k, v in fields.items() if k in cls.__slots__}
+        params = tuple(sorted((k, v) for k, v in fields.items() if k not in cls.__slots__))
+        return cls(block_size, kind, **own, **({"params": params} if params else {}))
+
     def value(self, name: str):
         """A kind field's value: GroupConfig's own, or a registered kind's
         (params); None where unset."""
