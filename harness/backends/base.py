@@ -13,7 +13,6 @@ from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
 from harness.core.cache_config import CacheConfig
-from harness.core.kinds import kind_row
 from harness.core.events import (
     AddRequest,
     Allocate,
@@ -34,6 +33,7 @@ from harness.core.events import (
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
 )
+from harness.core.kinds import kind_row
 from impl.profiles import VersionProfile
 
 BlockIds = list[list[int]]

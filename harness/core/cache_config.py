@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.core import kinds as K
-from harness.core.kinds import hisparse_page_size as hisparse_page_size
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
 from impl.kv_cache_spec import KVCacheGroupRole, KVCacheSpec
 from impl.profiles import BlockSizesRule, VersionProfile
-
 
 # Group fields only a Mamba group may set, with their unset value.
 _MAMBA_FIELDS = {"mamba_cache_mode": None, "num_speculative_blocks": 0,

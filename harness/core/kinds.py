@@ -74,6 +74,11 @@ class KindRow:
     prefix_scan: bool = False
     # Its cache_blocks keys nothing (any number of blocks, never a hash).
     never_keyed: bool = False
+    # Its requests read an encoder's output (their events carry encoder tokens).
+    encoder: bool = False
+    # A connector may load its KV (external tokens); Mamba state and
+    # encoder-decoder models take none.
+    external_kv: bool = True
 
     def __post_init__(self) -> None:
         if len(self.draws) not in (0, len(self.fields)):
@@ -82,7 +87,7 @@ class KindRow:
             raise ValueError(f"kind {self.name}: drawn alone, but no draws for {self.fields}")
 
 
-def _window(rng: random.Random, bs: int) -> int:
+def draw_window(rng: random.Random, bs: int) -> int:
     return max(1, rng.choice((1, 2, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 1, 5 * bs)))
 
 
@@ -131,18 +136,18 @@ BUILTIN = (
     KindRow("sink_full_attention", SinkFullAttentionSpec, "SinkFullAttentionSpec",
             "SinkFullAttentionManager", ("sink_len",), (_sink,), prefix_scan=True),
     KindRow("sliding_window", SlidingWindowSpec, "SlidingWindowSpec", "SlidingWindowManager",
-            ("sliding_window",), (_window,), in_flight_cap=True, retaining=True),
+            ("sliding_window",), (draw_window,), in_flight_cap=True, retaining=True),
     KindRow("chunked_local_attention", ChunkedLocalAttentionSpec, "ChunkedLocalAttentionSpec",
             "ChunkedLocalAttentionManager", ("attention_chunk_size",), (_chunk,),
             in_flight_cap=True),
     KindRow("mamba", MambaSpec, "MambaSpec", "MambaManager", values=_mamba_values,
-            sharded=False, retaining=True),
+            sharded=False, retaining=True, external_kv=False),
     # Encoder-decoder models: beside full attention, prefix caching off.
     KindRow("cross_attention", CrossAttentionSpec, "CrossAttentionSpec",
-            "CrossAttentionManager", fuzz="own"),
+            "CrossAttentionManager", fuzz="own", encoder=True, external_kv=False),
     # Sparse MLA models (DeepSeek V4): a window over MLA latents.
     KindRow("sliding_window_mla", SlidingWindowMLASpec, "SlidingWindowMLASpec",
-            "SlidingWindowManager", ("sliding_window",), (_window,), release="0.30",
+            "SlidingWindowManager", ("sliding_window",), (draw_window,), release="0.30",
             since="sparse_mla_groups", fuzz=None, in_flight_cap=True),
     # Named after their specs: events call them full_attention and unknown.
     KindRow("rswa", RSWASpec, "RSWASpec", "RSWAManager", ("rswa_window",), (_rswa_window,),
