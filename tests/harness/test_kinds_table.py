@@ -19,7 +19,7 @@ from harness.fuzz.configs import draw_groups, templates
 from harness.trace import schema
 from impl.kv_cache_spec import FullAttentionSpec
 from impl.managers import manager_class_for
-from impl.profiles import get_profile
+from impl.profiles import PROFILES, get_profile
 
 P32 = get_profile("0.32")
 
@@ -62,6 +62,21 @@ def test_rows_are_unique_and_complete():
     for row in kinds.BUILTIN:
         assert row.since is None or hasattr(P32, row.since), row.name
         assert len(row.draws) == len(row.fields), row.name
+
+
+def first_profile_with(flag: str | None) -> str:
+    """The first profile (in release order) whose `flag` is set."""
+    return next(name for name, p in PROFILES.items() if flag is None or getattr(p, flag))
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_release_is_where_the_profile_flag_turns_on(row):
+    assert first_profile_with(row.since) == row.release
+
+
+def test_release_check_catches_a_wrong_release():
+    wrong = dataclasses.replace(kinds.kind_row("rswa"), release="0.25")
+    assert first_profile_with(wrong.since) != wrong.release
 
 
 @pytest.mark.parametrize("row", ROWS)
