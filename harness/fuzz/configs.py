@@ -6,6 +6,10 @@ only with prefix caching off (encoder-decoder models disable it), Mamba in
 only next to groups of its own block size, context parallelism only for the
 kinds that support it, Mamba prefill checkpoints in "align" mode only, a
 retention interval on a multiple of the scheduler block size.
+
+A kind's own template comes from its row of the kinds table
+(harness/core/kinds.py); the hybrids, and the kinds' templates that must be
+drawn beside other groups, are written here.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
 
 from harness.core import kinds
 from harness.core.cache_config import CacheConfig, GroupConfig
@@ -168,6 +173,11 @@ def templates() -> dict[str, tuple[Draw, tuple[str, ...]]]:
     """Every template a fuzz config may name (FuzzConfig.kinds): one per kind
     the kinds table has the fuzzer draw (a registered kind included), then
     the hybrids; each with its draw and the profile flags it needs."""
+    return _templates_at(kinds.version())
+
+
+@cache
+def _templates_at(table_version: int) -> dict[str, tuple[Draw, tuple[str, ...]]]:
     out = {}
     for row in kinds.rows():
         if row.fuzz is None:
