@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
-from harness.core.cache_config import HISPARSE_KINDS, CacheConfig
+from harness.core.cache_config import CacheConfig
 from harness.core.events import (
     AddRequest,
     Allocate,
@@ -33,15 +33,13 @@ from harness.core.events import (
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
 )
+from harness.core.kinds import kind_row
 from impl.profiles import VersionProfile
 
 BlockIds = list[list[int]]
 _NO_HIT = (None, 0)
 POOL_FREE, POOL_FREE_CACHED, POOL_NULL, POOL_SHARED = -1, -2, -3, -4
 
-# Kinds whose cache_blocks keys nothing (a ring buffer, HiSparse's device-only
-# groups: the host group keys their blocks), so hold any number of blocks.
-_NEVER_KEYED = ("circular_buffer", *HISPARSE_KINDS)
 
 
 class BackendError(Exception):
@@ -178,7 +176,9 @@ class Backend(ABC):
             return
         groups = self.config.groups
         for g, manager in enumerate(self.manager.coordinator.single_type_managers):
-            if groups[g].kind in _NEVER_KEYED:
+            # Kinds whose cache_blocks keys nothing (a ring buffer, HiSparse's
+            # device-only groups) hold any number of blocks.
+            if kind_row(groups[g].kind).never_keyed:
                 continue
             held = len(manager.req_to_blocks.get(ev.req, ()))
             full = ev.num_computed_tokens // manager.block_size

@@ -21,7 +21,8 @@ from harness.backends.base import (
     kv_event_json,
 )
 from harness.backends.vllm_api import VllmApi, api_for
-from harness.core.cache_config import CacheConfig, GroupConfig, hisparse_page_size
+from harness.core import kinds
+from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.core.events import AddRequest, Allocate
 from harness.core.vllm_releases import UnknownRelease
 from impl.profiles import BlockSizesRule, UnsupportedVersion, VersionProfile, get_profile
@@ -112,56 +113,30 @@ def _env(name: str, value: str | None):
 
 
 def _vllm_spec(config: CacheConfig, g: GroupConfig, api: VllmApi):
-    """vLLM's spec for a group: one tiny head, float32 (the manager never
-    reads the shape, and equal groups must give equal specs)."""
+    """vLLM's spec for a group, built from its row of the kinds table: one
+    tiny head, float32 (the manager never reads the shape, and equal groups
+    must give equal specs)."""
     import torch
     from vllm.v1 import kv_cache_interface as kvi
 
-    attention = dict(block_size=g.block_size, num_kv_heads=1, head_size=1,
-                     dtype=torch.float32)
-    if not g.dcp_sharded:
-        attention["dcp_sharded"] = False
-    if g.kind == "full_attention":
-        return kvi.FullAttentionSpec(**attention)
-    if g.kind == "mla_attention":
-        if g.cache_role != "sparse":
-            attention["cache_role"] = kvi.SparseCacheRole(g.cache_role)
-        return kvi.MLAAttentionSpec(**attention)
-    if g.kind == "sliding_window_mla":
-        return kvi.SlidingWindowMLASpec(**attention, sliding_window=g.sliding_window)
-    if g.kind == "rswa":
-        return kvi.RSWASpec(**attention, rswa_window=g.rswa_window)
-    if g.kind == "circular_buffer":
-        return kvi.CircularBufferSpec(**attention)
-    if g.kind == "sink_full_attention":
-        return kvi.SinkFullAttentionSpec(**attention, sink_len=g.sink_len)
-    if g.kind == "sliding_window":
-        return kvi.SlidingWindowSpec(**attention, sliding_window=g.sliding_window)
-    if g.kind == "chunked_local_attention":
-        return kvi.ChunkedLocalAttentionSpec(
-            **attention, attention_chunk_size=g.attention_chunk_size
-        )
-    if g.kind == "cross_attention":
-        return kvi.CrossAttentionSpec(**attention)
-    if g.kind == "mamba":
-        checkpoints = {}
-        if g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None:
-            if not api.mamba_spec_takes_checkpoints:
-                raise BackendError(f"vLLM {installed_vllm_version()} has no Mamba prefill "
-                                   "checkpoint blocks", "cache.groups")
-            checkpoints = dict(num_prefill_checkpoint_blocks=g.num_prefill_checkpoint_blocks,
-                               prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
-        return kvi.MambaSpec(block_size=g.block_size, shapes=((1,),), dtypes=(torch.float32,),
-                             mamba_cache_mode=config.mamba_cache_mode(g),
-                             num_speculative_blocks=g.num_speculative_blocks, **checkpoints)
-    if g.kind == "hisparse_resident":
-        return kvi.HiSparseResidentSpec(block_size=g.block_size,
-                                        page_size=hisparse_page_size(g.block_size))
-    if g.kind == "hisparse_hot":
-        return kvi.HiSparseHotSpec(block_size=g.block_size,
-                                   page_size=hisparse_page_size(g.block_size),
-                                   blocks_per_request=g.blocks_per_request)
-    raise NotImplementedError(f"attention kind '{g.kind}'")
+    row = kinds.kind_row(g.kind)
+    cls = kinds.vllm_class(row)
+    if cls is None:
+        raise BackendError(f"vLLM {installed_vllm_version()} has no {row.vllm_spec} "
+                           f"({g.kind} groups)", "cache.groups")
+    if (g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None) and (
+            not api.mamba_spec_takes_checkpoints):
+        raise BackendError(f"vLLM {installed_vllm_version()} has no Mamba prefill "
+                           "checkpoint blocks", "cache.groups")
+    values = kinds.spec_values(row, g, config)
+    if "cache_role" in values:
+        values["cache_role"] = kvi.SparseCacheRole(values["cache_role"])
+    shape = dict(num_kv_heads=1, head_size=1, dtype=torch.float32, shapes=((1,),),
+                 dtypes=(torch.float32,))
+    try:
+        return kinds.build_spec(cls, values, shape)
+    except kinds.SpecFieldMissing as e:
+        raise BackendError(f"vLLM {installed_vllm_version()}: {e}", "cache.groups") from None
 
 
 def _vllm_group(config: CacheConfig, i: int, g: GroupConfig, api):

@@ -6,27 +6,10 @@ import dataclasses
 import os
 
 from harness.capture.errors import CaptureGap
+from harness.core import kinds
 from harness.core.cache_config import CacheConfig, GroupConfig
 from harness.trace.codec import ModelShape, TraceHeader
 
-# vLLM KV cache spec class -> (the trace's attention kind, the manager vLLM must
-# have built for it, the spec field the group carries). Only kinds impl
-# implements can be replayed; anything else is a gap, not a guess.
-_KINDS = {
-    "FullAttentionSpec": ("full_attention", "FullAttentionManager", None),
-    "MLAAttentionSpec": ("mla_attention", "FullAttentionManager", None),
-    "SinkFullAttentionSpec": ("sink_full_attention", "SinkFullAttentionManager", "sink_len"),
-    "SlidingWindowSpec": ("sliding_window", "SlidingWindowManager", "sliding_window"),
-    "ChunkedLocalAttentionSpec": ("chunked_local_attention", "ChunkedLocalAttentionManager",
-                                  "attention_chunk_size"),
-    "CrossAttentionSpec": ("cross_attention", "CrossAttentionManager", None),
-    "MambaSpec": ("mamba", "MambaManager", None),
-    "SlidingWindowMLASpec": ("sliding_window_mla", "SlidingWindowManager", "sliding_window"),
-    "RSWASpec": ("rswa", "RSWAManager", "rswa_window"),
-    "CircularBufferSpec": ("circular_buffer", "CircularBufferManager", None),
-    "HiSparseResidentSpec": ("hisparse_resident", "HiSparseResidentManager", None),
-    "HiSparseHotSpec": ("hisparse_hot", "HiSparseHotManager", "blocks_per_request"),
-}
 # HiSparse roles of full-attention groups -> (the trace's role, the manager).
 # The source group's blocks are host blocks (host_resident).
 _ROLES = {
@@ -39,13 +22,6 @@ _MUST_BE_DEFAULT = ("extra_retained_tokens", "bounded_replay")
 # MambaSpec fields a trace's Mamba group carries, with their default.
 _MAMBA_FIELDS = (("num_speculative_blocks", 0), ("num_prefill_checkpoint_blocks", 0),
                  ("prefill_checkpoint_alignment", None))
-# Kinds whose blocks are never DCP-sharded (a trace states no dcp_sharded).
-_UNSHARDED_KINDS = ("mamba", "hisparse_resident", "hisparse_hot")
-# Kinds whose admission cap depends on the tokens in flight (and HiSparse's
-# resident pages, added below).
-_RECYCLING = ("sliding_window", "chunked_local_attention")
-# Kinds whose cached blocks follow vLLM's prefix_cache_retention_interval.
-_RETAINING = ("sliding_window", "mamba")
 
 
 def _default_of(spec, name: str):
@@ -64,10 +40,13 @@ def group_config_of(group, manager=None) -> GroupConfig:
     for it, checked to be the one a replay builds."""
     spec = group.kv_cache_spec
     name = type(spec).__name__
-    if name not in _KINDS:
+    # Only kinds with a row can be replayed (its own class: a subclass
+    # without a row may be managed otherwise); anything else is a gap.
+    row = kinds.row_of_vllm_spec(spec, exact=True)
+    if row is None:
         raise CaptureGap(f"KV cache group of {name}: traces carry only "
-                         f"{', '.join(_KINDS)} groups")
-    kind, manager_name, field = _KINDS[name]
+                         f"{', '.join(r.vllm_spec for r in kinds.rows())} groups")
+    kind, manager_name = row.name, row.vllm_manager
     role_name = getattr(getattr(group, "role", None), "name", "DEFAULT")
     role = None
     if role_name != "DEFAULT":
@@ -87,9 +66,7 @@ def group_config_of(group, manager=None) -> GroupConfig:
     if manager is not None and type(manager).__name__ != manager_name:
         raise CaptureGap(f"vLLM manages a {name} group with {type(manager).__name__}, "
                          f"not {manager_name}: a replay could not reproduce it")
-    kwargs = {}
-    if field is not None:
-        kwargs[field] = getattr(spec, field)
+    kwargs = {f: getattr(spec, f) for f in row.fields}
     cache_role = getattr(getattr(spec, "cache_role", None), "value", "sparse")
     if kind == "mla_attention" and cache_role != "sparse":
         kwargs["cache_role"] = cache_role
@@ -106,9 +83,9 @@ def group_config_of(group, manager=None) -> GroupConfig:
     # A drafter's group, and attention kept whole on every DCP rank.
     if getattr(group, "is_eagle_group", False):
         kwargs["is_eagle_group"] = True
-    if kind not in _UNSHARDED_KINDS and not getattr(spec, "dcp_sharded", True):
+    if row.sharded and not getattr(spec, "dcp_sharded", True):
         kwargs["dcp_sharded"] = False
-    return GroupConfig(spec.block_size, kind, **kwargs)
+    return GroupConfig.make(spec.block_size, kind, **kwargs)
 
 
 def cache_config_of(scheduler) -> CacheConfig:
@@ -137,7 +114,7 @@ def cache_config_of(scheduler) -> CacheConfig:
         if drawn is not None:
             extra["none_hash"] = bytes(drawn).hex()
     retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if retention is not None and any(g.kind in _RETAINING for g in groups):
+    if retention is not None and any(kinds.kind_row(g.kind).retaining for g in groups):
         # Sliding-window and Mamba groups then cache only the blocks that end
         # a retention segment, each prompt's replay boundaries and
         # shared-prefix junctions (vLLM's engines default to 0). Other kinds
@@ -151,7 +128,7 @@ def cache_config_of(scheduler) -> CacheConfig:
     dcp = int(getattr(scheduler, "dcp_world_size", 1) or 1)
     if dcp != 1:
         extra["dcp_world_size"] = dcp
-    if any(g.kind in _RECYCLING or g.kind == "hisparse_resident" for g in groups):
+    if any(kinds.kind_row(g.kind).in_flight_cap for g in groups):
         # The scheduler hands the manager vllm_config.max_in_flight_tokens
         # (one max_num_batched_tokens per concurrent batch); it caps what a
         # sliding-window / chunked-local request is admitted with.

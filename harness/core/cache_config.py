@@ -5,59 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
+from harness.core import kinds as K
 from impl.kv_cache_sizing import resolve_kv_cache_block_sizes
-from impl.kv_cache_spec import (
-    ChunkedLocalAttentionSpec,
-    CircularBufferSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheGroupRole,
-    KVCacheSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    RSWASpec,
-    SinkFullAttentionSpec,
-    SlidingWindowMLASpec,
-    SlidingWindowSpec,
-)
+from impl.kv_cache_spec import KVCacheGroupRole, KVCacheSpec
 from impl.profiles import BlockSizesRule, VersionProfile
-
-# Attention kinds, by the name vLLM's KV events give them.
-KINDS = (
-    "full_attention",
-    "mla_attention",
-    "sink_full_attention",
-    "sliding_window",
-    "chunked_local_attention",
-    "mamba",
-    "cross_attention",
-    # Sparse MLA models (DeepSeek V4): a window over MLA latents.
-    "sliding_window_mla",
-    # Named after their specs: events call them full_attention and unknown.
-    "rswa",
-    "circular_buffer",
-    # HiSparse's device groups (specs/KV_CACHE_MANAGER.md §14; vLLM's events
-    # call both kinds "unknown", the trace names them).
-    "hisparse_resident",
-    "hisparse_hot",
-)
-# The field each kind requires besides block_size.
-KIND_FIELDS = {
-    "sliding_window": "sliding_window",
-    "sliding_window_mla": "sliding_window",
-    "chunked_local_attention": "attention_chunk_size",
-    "sink_full_attention": "sink_len",
-    "rswa": "rswa_window",
-    "hisparse_hot": "blocks_per_request",
-}
-# The profile flag a release must have for a kind (impl/profiles.py).
-KIND_SINCE = {
-    "sliding_window_mla": "sparse_mla_groups",
-    "rswa": "rswa_groups",
-    "circular_buffer": "circular_buffer_groups",
-}
-
 
 # Group fields only a Mamba group may set, with their unset value.
 _MAMBA_FIELDS = {"mamba_cache_mode": None, "num_speculative_blocks": 0,
@@ -65,7 +16,6 @@ _MAMBA_FIELDS = {"mamba_cache_mode": None, "num_speculative_blocks": 0,
 # HiSparse group roles a full-attention group may play (the source group's
 # blocks are host blocks).
 ROLES = ("hisparse_source", "hisparse_indexer")
-HISPARSE_KINDS = ("hisparse_resident", "hisparse_hot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +45,22 @@ class GroupConfig:
     # False: attention KV kept whole on every DCP rank (a replicated draft),
     # so a block spans only block_size tokens under DCP.
     dcp_sharded: bool = True
+    # The fields of a kind registered at run time (harness/core/kinds.py
+    # `register`) that GroupConfig has no attribute for: (name, value) pairs,
+    # sorted; a trace writes them as the group's own fields.
+    params: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown attention kind '{self.kind}' (known: {', '.join(KINDS)})")
-        needed = KIND_FIELDS.get(self.kind)
-        if needed is not None and getattr(self, needed) is None:
-            raise ValueError(f"a {self.kind} group needs {needed}")
-        for name in KIND_FIELDS.values():
-            if name != needed and getattr(self, name) is not None:
+        row = K.kind_row(self.kind)  # ValueError naming the known kinds
+        for name in row.fields:
+            if self.value(name) is None:
+                raise ValueError(f"a {self.kind} group needs {name}")
+        for name in K.all_kind_fields():
+            if name not in row.fields and self.value(name) is not None:
                 raise ValueError(f"{name} does not apply to a {self.kind} group")
+        for name, _ in self.params:
+            if name in GroupConfig.__slots__ or name not in K.all_kind_fields():
+                raise ValueError(f"params: {name} is no registered kind's field")
         if self.kind != "mamba":
             for name, unset in _MAMBA_FIELDS.items():
                 if getattr(self, name) != unset:
@@ -116,13 +72,28 @@ class GroupConfig:
         if self.role is not None and (self.role not in ROLES or self.kind != "full_attention"):
             raise ValueError(f"role {self.role!r} does not apply to a {self.kind} group "
                              f"(full_attention groups may be {' or '.join(ROLES)})")
-        if not self.dcp_sharded and self.kind in ("mamba", *HISPARSE_KINDS):
+        if not self.dcp_sharded and not row.sharded:
             raise ValueError(f"dcp_sharded does not apply to a {self.kind} group (its "
                              "blocks are never sharded)")
 
+    @classmethod
+    def make(cls, block_size: int, kind: str = "full_attention", **fields) -> GroupConfig:
+        """A group from its fields by name, a registered kind's among them
+        (those go to params)."""
+        own = {k: v for k, v in fields.items() if k in cls.__slots__}
+        params = tuple(sorted((k, v) for k, v in fields.items() if k not in cls.__slots__))
+        return cls(block_size, kind, **own, **({"params": params} if params else {}))
+
+    def value(self, name: str):
+        """A kind field's value: GroupConfig's own, or a registered kind's
+        (params); None where unset."""
+        if name in GroupConfig.__slots__:
+            return getattr(self, name)
+        return dict(self.params).get(name)
+
     def refused_by(self, profile: VersionProfile) -> str | None:
         """Why the release of `profile` has no such group (None: it has)."""
-        flag = KIND_SINCE.get(self.kind)
+        flag = K.kind_row(self.kind).since
         if flag is not None and not getattr(profile, flag):
             return f"vLLM {profile.name} has no {self.kind} groups"
         if self.cache_role != "sparse" and not profile.sparse_mla_groups:
@@ -132,13 +103,7 @@ class GroupConfig:
     @property
     def hisparse(self) -> bool:
         """A group of a HiSparse model's own (a role or a HiSparse kind)."""
-        return self.role is not None or self.kind in HISPARSE_KINDS
-
-
-def hisparse_page_size(block_size: int) -> int:
-    """Bytes of a HiSparse page: the manager never reads it (the one float32
-    head of the other groups' specs)."""
-    return block_size * 4
+        return self.role is not None or K.kind_row(self.kind).hisparse
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,37 +176,8 @@ class CacheConfig:
         return tuple(self.kv_cache_spec(g) for g in self.groups)
 
     def kv_cache_spec(self, g: GroupConfig) -> KVCacheSpec:
-        bs = g.block_size
-        shard = {} if g.dcp_sharded else {"dcp_sharded": False}
-        if g.kind == "full_attention":
-            return FullAttentionSpec(bs, **shard)
-        if g.kind == "mla_attention":
-            return MLAAttentionSpec(bs, cache_role=g.cache_role, **shard)
-        if g.kind == "sliding_window_mla":
-            return SlidingWindowMLASpec(bs, sliding_window=g.sliding_window, **shard)
-        if g.kind == "rswa":
-            return RSWASpec(bs, rswa_window=g.rswa_window, **shard)
-        if g.kind == "circular_buffer":
-            return CircularBufferSpec(bs, **shard)
-        if g.kind == "sink_full_attention":
-            return SinkFullAttentionSpec(bs, sink_len=g.sink_len, **shard)
-        if g.kind == "sliding_window":
-            return SlidingWindowSpec(bs, sliding_window=g.sliding_window, **shard)
-        if g.kind == "chunked_local_attention":
-            return ChunkedLocalAttentionSpec(bs, attention_chunk_size=g.attention_chunk_size,
-                                             **shard)
-        if g.kind == "cross_attention":
-            return CrossAttentionSpec(bs, **shard)
-        if g.kind == "hisparse_resident":
-            return HiSparseResidentSpec(bs, page_size=hisparse_page_size(bs))
-        if g.kind == "hisparse_hot":
-            return HiSparseHotSpec(bs, page_size=hisparse_page_size(bs),
-                                   blocks_per_request=g.blocks_per_request)
-        return MambaSpec(bs, shapes=((1,),), dtype_sizes=(4,),
-                         mamba_cache_mode=self.mamba_cache_mode(g),
-                         num_speculative_blocks=g.num_speculative_blocks,
-                         num_prefill_checkpoint_blocks=g.num_prefill_checkpoint_blocks,
-                         prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
+        """Built from the kinds table (harness/core/kinds.py)."""
+        return K.impl_spec(g, self)
 
     @property
     def reports_shared_prefix_boundary(self) -> bool:

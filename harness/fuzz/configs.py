@@ -6,63 +6,198 @@ only with prefix caching off (encoder-decoder models disable it), Mamba in
 only next to groups of its own block size, context parallelism only for the
 kinds that support it, Mamba prefill checkpoints in "align" mode only, a
 retention interval on a multiple of the scheduler block size.
+
+A kind's own template comes from its row of the kinds table
+(harness/core/kinds.py); the hybrids, and the kinds' templates that must be
+drawn beside other groups, are written here.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
 
+from harness.core import kinds
 from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.kinds import draw_window
 
-# `kinds` a fuzz config may name (FuzzConfig.kinds).
-TEMPLATES = (
-    "full_attention",
-    "mla_attention",
-    "sink_full_attention",
-    "sliding_window",
-    "chunked_local_attention",
-    "mamba",
-    "cross_attention",
-    "context_parallel",
-    "hybrid_sliding_window",
-    "hybrid_chunked_local",
-    "hybrid_mamba",
-    "hybrid_mixed",
-    "circular_buffer",
-    "rswa",
-    "sparse_mla",
-    "mamba_speculative",
-    "mamba_checkpoints",
-    "retention",
-    "hisparse",
-    "eagle",
-    "hybrid_eagle",
-    "context_parallel_draft",
-    "mamba_eagle",
-)
+Groups = tuple[tuple[GroupConfig, ...], dict]
+# Draws a template's groups and the other CacheConfig fields it sets
+# (rng, block size, caching).
+Draw = Callable[[random.Random, int, bool], Groups]
+
 # Templates drawing EAGLE / MTP drafters: only for profiles that model EAGLE
 # (profile.eagle_drop_groups; 0.17 does not).
 EAGLE_TEMPLATES = ("eagle", "hybrid_eagle", "context_parallel_draft", "mamba_eagle")
 
 
-# The profile flags (impl/profiles.py) a template's groups need: a release
-# without them refuses the template's configs.
-TEMPLATE_NEEDS = {
-    "circular_buffer": ("circular_buffer_groups",),
-    "rswa": ("rswa_groups",),
-    "sparse_mla": ("sparse_mla_groups", "circular_buffer_groups"),
-    "mamba_checkpoints": ("mamba_prefill_checkpoints",),
-    # Its Mamba groups reserve prefill checkpoint blocks too (0.32+).
-    "retention": ("prefix_cache_retention", "mamba_prefill_checkpoints"),
-    "hisparse": ("hisparse",),
-    # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
-    **{t: ("eagle_drop_groups",) for t in EAGLE_TEMPLATES},
-}
+def _alone(row: kinds.KindRow) -> Draw:
+    """A template of one kind: one group, its fields drawn as its row says."""
+    def draw(rng: random.Random, bs: int, caching: bool) -> Groups:
+        fields = {f: d(rng, bs) for f, d in zip(row.fields, row.draws, strict=True)}
+        return (GroupConfig.make(bs, row.name, **fields),), {}
+    return draw
+
+
+def _cross_attention(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Encoder-decoder models disable prefix caching.
+    return (GroupConfig(bs), GroupConfig(rng.choice((bs, 2 * bs)), "cross_attention")), {
+        "enable_caching": False}
+
+
+def _context_parallel(rng: random.Random, bs: int, caching: bool) -> Groups:
+    group = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention")))
+    return (group,), {"dcp_world_size": rng.choice((2, 4)),
+                      "pcp_world_size": rng.choice((1, 1, 2))}
+
+
+def _hybrid_sliding_window(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Gemma-like: full attention next to one or more window groups, at the
+    # same, half or double the block size.
+    sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
+    sw = GroupConfig(sw_bs, "sliding_window", sliding_window=draw_window(rng, sw_bs))
+    groups = [GroupConfig(bs), sw] if rng.random() < 0.5 else [sw, GroupConfig(bs)]
+    if rng.random() < 0.3:
+        groups.append(sw)  # an equal group: looked up together
+    return tuple(groups), {}
+
+
+def _hybrid_chunked_local(rng: random.Random, bs: int, caching: bool) -> Groups:
+    chunk = rng.choice((bs, 2 * bs, 4 * bs))
+    return (GroupConfig(bs), GroupConfig(bs, "chunked_local_attention",
+                                         attention_chunk_size=chunk)), {}
+
+
+def _hybrid_mamba(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Jamba / Qwen3-Next-like: attention and Mamba at the cache block size;
+    # a finer prefix_match_unit turns on hits inside blocks.
+    extra = {}
+    if caching and bs > 1 and rng.random() < 0.6:
+        extra["prefix_match_unit"] = rng.choice([d for d in (1, 2, 4, 8) if d < bs
+                                                 and bs % d == 0])
+    groups = [GroupConfig(bs), GroupConfig(bs, "mamba")]
+    if rng.random() < 0.3:
+        groups.insert(1, GroupConfig(bs, "mamba"))
+    return tuple(groups), extra
+
+
+def _hybrid_mixed(rng: random.Random, bs: int, caching: bool) -> Groups:
+    sw = GroupConfig(bs, "sliding_window", sliding_window=draw_window(rng, bs))
+    return (GroupConfig(bs), sw, GroupConfig(bs, "mamba")), {}
+
+
+def _rswa(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Image + text prompts read whole, decoded tokens a window back.
+    rswa = GroupConfig(bs, "rswa", rswa_window=kinds.kind_row("rswa").draws[0](rng, bs))
+    if rng.random() < 0.4:
+        return (rswa,), {}
+    return ((GroupConfig(bs), rswa) if rng.random() < 0.5 else (rswa, GroupConfig(bs))), {}
+
+
+def _sparse_mla(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # DeepSeek V4-like: the MLA cache, its indexer's keys (a group of its
+    # own role), a window over MLA latents, sometimes a K-pool tail ring.
+    mla = GroupConfig(bs, "mla_attention")
+    indexer = GroupConfig(bs, "mla_attention", cache_role="indexer")
+    sw_bs = rng.choice((bs, bs, 2 * bs))
+    window = GroupConfig(sw_bs, "sliding_window_mla", sliding_window=draw_window(rng, sw_bs))
+    groups = [mla, indexer, window]
+    if rng.random() < 0.3:
+        groups.append(GroupConfig(bs, "circular_buffer"))
+    return tuple(groups), {}
+
+
+def _mamba_speculative(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # MTP / EAGLE models: scratch blocks for the draft tokens' states,
+    # alone or next to attention, "align" with caching, "none" without.
+    mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 2, 3)))
+    if rng.random() < 0.3:
+        return (mamba,), {}
+    return (GroupConfig(bs), mamba), _fine_hash(rng, bs, caching)
+
+
+def _mamba_checkpoints(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Qwen3-Next-like with a backend that exports a state inside a prefill
+    # chunk; "align" needs prefix caching.
+    mamba = GroupConfig(bs, "mamba", num_prefill_checkpoint_blocks=1,
+                        prefill_checkpoint_alignment=rng.choice((1, 1, 2, 4)),
+                        num_speculative_blocks=rng.choice((0, 0, 1, 2)))
+    return (GroupConfig(bs), mamba), {"enable_caching": True, **_fine_hash(rng, bs, True)}
+
+
+def _retention(rng: random.Random, bs: int, caching: bool) -> Groups:
+    # Sparse checkpoints (vLLM's engine default is 0): sliding-window
+    # models, alone or Gemma-like, and Mamba hybrids, some with
+    # checkpoint blocks.
+    shape = rng.choice(("sliding_window", "hybrid_sliding_window", "hybrid_mamba",
+                        "mamba_checkpoints"))
+    groups, extra = draw_groups(shape, rng, bs, caching)
+    return groups, {**extra, "enable_caching": True}
+
+
+def _eagle(name: str) -> Draw:
+    return lambda rng, bs, caching: draw_eagle_groups(name, rng, bs, caching)
+
+
+def _hand_templates() -> dict[str, tuple[Draw, tuple[str, ...]]]:
+    """The templates written here: a kind's own ("own" in its row; the row's
+    profile flag gates it) and the hybrids, each with the profile flags
+    (impl/profiles.py) its groups need beyond its kinds' own."""
+    return {
+        "cross_attention": (_cross_attention, ()),
+        "circular_buffer": (lambda rng, bs, caching: _draw_circular_buffer(rng, bs, caching),
+                            ()),
+        "rswa": (_rswa, ()),
+        "context_parallel": (_context_parallel, ()),
+        "hybrid_sliding_window": (_hybrid_sliding_window, ()),
+        "hybrid_chunked_local": (_hybrid_chunked_local, ()),
+        "hybrid_mamba": (_hybrid_mamba, ()),
+        "hybrid_mixed": (_hybrid_mixed, ()),
+        "sparse_mla": (_sparse_mla, ("sparse_mla_groups", "circular_buffer_groups")),
+        "mamba_speculative": (_mamba_speculative, ()),
+        "mamba_checkpoints": (_mamba_checkpoints, ("mamba_prefill_checkpoints",)),
+        # Its Mamba groups reserve prefill checkpoint blocks too (0.32+).
+        "retention": (_retention, ("prefix_cache_retention", "mamba_prefill_checkpoints")),
+        "hisparse": (lambda rng, bs, caching: _hisparse_groups(rng, bs), ("hisparse",)),
+        # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
+        **{t: (_eagle(t), ("eagle_drop_groups",)) for t in EAGLE_TEMPLATES},
+    }
+
+
+_HAND = _hand_templates()
+
+
+def templates() -> dict[str, tuple[Draw, tuple[str, ...]]]:
+    """Every template a fuzz config may name (FuzzConfig.kinds): one per kind
+    the kinds table has the fuzzer draw (a registered kind included), then
+    the hybrids; each with its draw and the profile flags it needs."""
+    return _templates_at(kinds.version())
+
+
+@cache
+def _templates_at(table_version: int) -> dict[str, tuple[Draw, tuple[str, ...]]]:
+    out = {}
+    for row in kinds.rows():
+        if row.fuzz is None:
+            continue
+        draw = _alone(row) if row.fuzz == "alone" else _HAND[row.name][0]
+        out[row.name] = (draw, (row.since,) if row.since else ())
+    out.update((name, t) for name, t in _HAND.items() if name not in out)
+    return out
+
+
+# The built-in templates (a kind registered later shows in templates()).
+TEMPLATES = tuple(templates())
+# The profile flags (impl/profiles.py) a built-in template's groups need: a
+# release without them refuses the template's configs.
+TEMPLATE_NEEDS = {name: needs for name, (_, needs) in templates().items() if needs}
 
 
 def template_supported(kind: str, profile) -> bool:
-    return all(getattr(profile, flag) for flag in TEMPLATE_NEEDS.get(kind, ()))
+    needs = templates().get(kind, (None, ()))[1]
+    return all(getattr(profile, flag) for flag in needs)
 
 
 def kinds_supported(kinds, profile) -> bool:
@@ -74,111 +209,16 @@ def kinds_supported(kinds, profile) -> bool:
 
 def templates_for(profile) -> tuple[str, ...]:
     """The templates whose groups the release of `profile` has."""
-    return tuple(t for t in TEMPLATES if template_supported(t, profile))
+    return tuple(t for t in templates() if template_supported(t, profile))
 
 
-def _window(rng: random.Random, bs: int) -> int:
-    return max(1, rng.choice((1, 2, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 1, 5 * bs)))
-
-
-def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool
-                ) -> tuple[tuple[GroupConfig, ...], dict]:
+def draw_groups(kind: str, rng: random.Random, bs: int, caching: bool) -> Groups:
     """The groups of a `kind` case with block size `bs`, and other CacheConfig
     fields the template sets."""
-    full = GroupConfig(bs)
-    if kind == "full_attention":
-        return (full,), {}
-    if kind == "mla_attention":
-        return (GroupConfig(bs, "mla_attention"),), {}
-    if kind == "sink_full_attention":
-        return (GroupConfig(bs, "sink_full_attention", sink_len=bs * rng.choice((1, 2))),), {}
-    if kind == "sliding_window":
-        return (GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs)),), {}
-    if kind == "chunked_local_attention":
-        chunk = rng.choice((bs, 2 * bs, 3 * bs, bs + 1, 2 * bs - 1))
-        return (GroupConfig(bs, "chunked_local_attention", attention_chunk_size=max(chunk, 1)),), {}
-    if kind == "mamba":
-        return (GroupConfig(bs, "mamba"),), {}
-    if kind == "cross_attention":
-        return (full, GroupConfig(rng.choice((bs, 2 * bs)), "cross_attention")), {
-            "enable_caching": False}
-    if kind == "context_parallel":
-        group = rng.choice((full, GroupConfig(bs, "mla_attention")))
-        return (group,), {"dcp_world_size": rng.choice((2, 4)),
-                          "pcp_world_size": rng.choice((1, 1, 2))}
-    if kind == "hybrid_sliding_window":
-        # Gemma-like: full attention next to one or more window groups, at the
-        # same, half or double the block size.
-        sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
-        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=_window(rng, sw_bs))
-        groups = [full, sw] if rng.random() < 0.5 else [sw, full]
-        if rng.random() < 0.3:
-            groups.append(sw)  # an equal group: looked up together
-        return tuple(groups), {}
-    if kind == "hybrid_chunked_local":
-        chunk = rng.choice((bs, 2 * bs, 4 * bs))
-        return (full, GroupConfig(bs, "chunked_local_attention", attention_chunk_size=chunk)), {}
-    if kind == "hybrid_mamba":
-        # Jamba / Qwen3-Next-like: attention and Mamba at the cache block size;
-        # a finer prefix_match_unit turns on hits inside blocks.
-        extra = {}
-        if caching and bs > 1 and rng.random() < 0.6:
-            extra["prefix_match_unit"] = rng.choice([d for d in (1, 2, 4, 8) if d < bs
-                                                     and bs % d == 0])
-        groups = [full, GroupConfig(bs, "mamba")]
-        if rng.random() < 0.3:
-            groups.insert(1, GroupConfig(bs, "mamba"))
-        return tuple(groups), extra
-    if kind == "hybrid_mixed":
-        sw = GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))
-        return (full, sw, GroupConfig(bs, "mamba")), {}
-    if kind == "circular_buffer":
-        return _draw_circular_buffer(rng, bs, caching)
-    if kind == "rswa":
-        # Image + text prompts read whole, decoded tokens a window back.
-        rswa = GroupConfig(bs, "rswa", rswa_window=max(1, rng.choice((1, bs - 1, bs, 2 * bs + 1,
-                                                                      5 * bs))))
-        if rng.random() < 0.4:
-            return (rswa,), {}
-        return ((full, rswa) if rng.random() < 0.5 else (rswa, full)), {}
-    if kind == "sparse_mla":
-        # DeepSeek V4-like: the MLA cache, its indexer's keys (a group of its
-        # own role), a window over MLA latents, sometimes a K-pool tail ring.
-        mla = GroupConfig(bs, "mla_attention")
-        indexer = GroupConfig(bs, "mla_attention", cache_role="indexer")
-        sw_bs = rng.choice((bs, bs, 2 * bs))
-        window = GroupConfig(sw_bs, "sliding_window_mla", sliding_window=_window(rng, sw_bs))
-        groups = [mla, indexer, window]
-        if rng.random() < 0.3:
-            groups.append(GroupConfig(bs, "circular_buffer"))
-        return tuple(groups), {}
-    if kind == "mamba_speculative":
-        # MTP / EAGLE models: scratch blocks for the draft tokens' states,
-        # alone or next to attention, "align" with caching, "none" without.
-        mamba = GroupConfig(bs, "mamba", num_speculative_blocks=rng.choice((1, 2, 3)))
-        if rng.random() < 0.3:
-            return (mamba,), {}
-        return (full, mamba), _fine_hash(rng, bs, caching)
-    if kind == "mamba_checkpoints":
-        # Qwen3-Next-like with a backend that exports a state inside a prefill
-        # chunk; "align" needs prefix caching.
-        mamba = GroupConfig(bs, "mamba", num_prefill_checkpoint_blocks=1,
-                            prefill_checkpoint_alignment=rng.choice((1, 1, 2, 4)),
-                            num_speculative_blocks=rng.choice((0, 0, 1, 2)))
-        return (full, mamba), {"enable_caching": True, **_fine_hash(rng, bs, True)}
-    if kind == "retention":
-        # Sparse checkpoints (vLLM's engine default is 0): sliding-window
-        # models, alone or Gemma-like, and Mamba hybrids, some with
-        # checkpoint blocks.
-        shape = rng.choice(("sliding_window", "hybrid_sliding_window", "hybrid_mamba",
-                            "mamba_checkpoints"))
-        groups, extra = draw_groups(shape, rng, bs, caching)
-        return groups, {**extra, "enable_caching": True}
-    if kind == "hisparse":
-        return _hisparse_groups(rng, bs)
-    if kind in EAGLE_TEMPLATES:
-        return draw_eagle_groups(kind, rng, bs, caching)
-    raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(TEMPLATES)})")
+    template = templates().get(kind)
+    if template is None:
+        raise ValueError(f"unknown fuzz kind '{kind}' (known: {', '.join(templates())})")
+    return template[0](rng, bs, caching)
 
 
 def _draw_circular_buffer(rng: random.Random, bs: int, caching: bool
@@ -234,13 +274,13 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
     extra = {"use_eagle": rng.random() < 0.85}
     if kind == "eagle":
         group = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention"),
-                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs))))
+                            GroupConfig(bs, "sliding_window", sliding_window=draw_window(rng, bs))))
         if rng.random() < 0.3:
             group = GroupConfig(**{**_fields(group), "is_eagle_group": True})
         groups: tuple[GroupConfig, ...] = (group,)
     elif kind == "hybrid_eagle":
         sw_bs = rng.choice((bs, bs, 2 * bs, max(bs // 2, 1)))
-        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=_window(rng, sw_bs))
+        sw = GroupConfig(sw_bs, "sliding_window", sliding_window=draw_window(rng, sw_bs))
         draft_full = GroupConfig(rng.choice((bs, 2 * bs)), is_eagle_group=True)
         groups = rng.choice((
             (GroupConfig(bs), GroupConfig(**{**_fields(sw), "is_eagle_group": True})),
@@ -255,7 +295,7 @@ def draw_eagle_groups(kind: str, rng: random.Random, bs: int, caching: bool
     else:
         draft = rng.choice((GroupConfig(bs, dcp_sharded=False),
                             GroupConfig(bs, "mla_attention", dcp_sharded=False),
-                            GroupConfig(bs, "sliding_window", sliding_window=_window(rng, bs),
+                            GroupConfig(bs, "sliding_window", sliding_window=draw_window(rng, bs),
                                         dcp_sharded=False)))
         draft = GroupConfig(**{**_fields(draft), "is_eagle_group": rng.random() < 0.8})
         target = rng.choice((GroupConfig(bs), GroupConfig(bs, "mla_attention")))
@@ -315,10 +355,9 @@ def draw_cache_config(kind: str, rng: random.Random, bs: int, num_blocks: int,
     fields = dict(num_blocks=num_blocks, groups=groups, hash_algo=hash_algo,
                   hash_seed=hash_seed, enable_caching=caching, max_model_len=max_model_len)
     fields.update(extra)
-    if any(g.kind in ("sliding_window", "sliding_window_mla", "chunked_local_attention")
-           for g in groups) and (
-        rng.random() < 0.3
-    ):
+    # (HiSparse's template draws its own.)
+    capped = any(kinds.kind_row(g.kind).in_flight_cap and not g.hisparse for g in groups)
+    if capped and rng.random() < 0.3:
         # A small in-flight budget makes the recycling kinds' admission cap bite.
         fields["max_in_flight_tokens"] = rng.choice((1, bs, 2 * bs + 1))
     config = CacheConfig(**fields)

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from harness.core.cache_config import CacheConfig, GroupConfig
+from harness.core.kinds import kind_row
 from harness.fuzz.actions import (
     Ack,
     Action,
@@ -28,7 +29,7 @@ from harness.fuzz.actions import (
     Schedule,
     StepBoundary,
 )
-from harness.fuzz.configs import TEMPLATES, draw_cache_config
+from harness.fuzz.configs import draw_cache_config, templates
 from impl.block_hash import HASH_FUNCTIONS
 
 # Templates whose finishing requests may be KV producers (Mamba prompt tails).
@@ -76,10 +77,11 @@ class FuzzConfig:
             _check_type(k, v, getattr(defaults, k))
         if "weights" in kwargs:
             kwargs["weights"] = {**cls().weights, **d["weights"]}
-        unknown_kinds = [k for k in kwargs.get("kinds", ()) if k not in TEMPLATES]
+        known_kinds = templates()
+        unknown_kinds = [k for k in kwargs.get("kinds", ()) if k not in known_kinds]
         if unknown_kinds:
             raise ValueError(f"unknown fuzz kind(s): {', '.join(unknown_kinds)} "
-                             f"(known: {', '.join(TEMPLATES)})")
+                             f"(known: {', '.join(known_kinds)})")
         return cls(**kwargs)
 
 
@@ -124,8 +126,8 @@ P_HASH_LOOKAHEAD = 0.15
 P_MAX_HIT = 0.15
 # Lookahead hashing leaves a request's last blocks unhashed; vLLM 0.33's
 # lookups that scan from the right (sliding window, chunked local, Mamba) then
-# index past the hashes (IndexError), so only prefix-scan kinds get it.
-_PREFIX_SCAN_KINDS = ("full_attention", "mla_attention", "sink_full_attention")
+# index past the hashes (IndexError), so only prefix-scan kinds
+# (KindRow.prefix_scan) get it.
 
 
 def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
@@ -133,104 +135,149 @@ def draw_case(rng: random.Random, fc: FuzzConfig, max_ops: int,
     """A case's config and program. `lookahead_hashing`: the release hashes
     lookahead tokens, so some non-hybrid cases turn it on."""
     knobs = random.Random(str(rng.getstate()[1][:8]))
+    bs, template, config = _draw_config(rng, fc)
+    ahead = knobs.choice((1, 2)) if knobs.random() < P_HASH_LOOKAHEAD else 0
+    if ahead and lookahead_hashing and len(config.groups) == 1 and (
+            kind_row(config.groups[0].kind).prefix_scan):
+        config = replace(config, num_hash_lookahead_tokens=ahead)
+    program = _Program(rng, knobs, fc, config, template, bs)
+    return config, program.draw(max_ops)
+
+
+def _draw_config(rng: random.Random, fc: FuzzConfig) -> tuple[int, str, CacheConfig]:
+    """The case's block size (the template's: groups may differ), template
+    and cache config."""
     bs = rng.choice(fc.block_sizes)
     num_blocks = rng.choice(fc.pool_sizes)
     hash_algo = rng.choice(fc.hash_algos)
     hash_seed = str(rng.randrange(1000))
     caching = rng.random() < fc.p_caching
     if fc.kinds == ("full_attention",):
-        template = "full_attention"
-        config = CacheConfig(num_blocks=num_blocks, groups=(GroupConfig(bs),),
-                             hash_algo=hash_algo, hash_seed=hash_seed,
-                             enable_caching=caching, max_model_len=1 << 14)
-    else:
-        template = rng.choice(fc.kinds)
-        config = draw_cache_config(template, rng, bs, num_blocks, hash_algo,
-                                   hash_seed, caching, 1 << 14)
-    ahead = knobs.choice((1, 2)) if knobs.random() < P_HASH_LOOKAHEAD else 0
-    if ahead and lookahead_hashing and config.groups[0].kind in _PREFIX_SCAN_KINDS and (
-            len(config.groups) == 1):
-        config = replace(config, num_hash_lookahead_tokens=ahead)
-    # Finishing requests hand a connector their Mamba prompt tails (the
-    # templates made for it only: others keep their programs).
-    finalizing = template in FINALIZING
-    kinds = {g.kind for g in config.groups}
-    # Encoder-decoder models and Mamba state take no connector (external) KV.
-    no_external = bool(kinds & {"cross_attention", "mamba"})
-    encoder = "cross_attention" in kinds
-    hisparse = config.hisparse
+        return bs, "full_attention", CacheConfig(
+            num_blocks=num_blocks, groups=(GroupConfig(bs),), hash_algo=hash_algo,
+            hash_seed=hash_seed, enable_caching=caching, max_model_len=1 << 14)
+    template = rng.choice(fc.kinds)
+    return bs, template, draw_cache_config(template, rng, bs, num_blocks, hash_algo,
+                                       hash_seed, caching, 1 << 14)
 
-    def finish_load(req: int) -> FinishLoad:
-        # HiSparse imports may fail (then nothing they wrote is readable).
-        return FinishLoad(req, failed=hisparse and rng.random() < 0.2)
 
-    docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * bs + bs)]
-            for _ in range(fc.documents)]
-    kinds = list(fc.weights)
-    weights = [fc.weights[k] for k in kinds]
-    actions: list[Action] = []
-    created: list[int] = []
+# The ops a program draws, each by its `_Program._<op>` method.
+_OPS = ("new", "schedule", "sample", "finish", "preempt", "finish_load", "ack", "reset",
+        "evict", "step", "observe")
 
-    def some_req() -> int:
+
+class _Program:
+    """One case's action program, drawn op by op (`ops`: the fuzz config's
+    action weights, not attention kinds)."""
+
+    def __init__(self, rng: random.Random, knobs: random.Random, fc: FuzzConfig,
+                 config: CacheConfig, template: str, bs: int) -> None:
+        self.rng, self.knobs, self.fc, self.config, self.bs = rng, knobs, fc, config, bs
+        rows = [kind_row(g.kind) for g in config.groups]
+        # Finishing requests hand a connector their Mamba prompt tails (the
+        # templates made for it only: others keep their programs).
+        self.finalizing = template in FINALIZING
+        self.no_external = not all(r.external_kv for r in rows)
+        self.encoder = any(r.encoder for r in rows)
+        self.hisparse = config.hisparse
+        self.actions: list[Action] = []
+        self.created: list[int] = []
+        self.docs: list[list[int]] = []
+
+    def draw(self, max_ops: int) -> list[Action]:
+        rng, fc = self.rng, self.fc
+        self.docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * self.bs
+                                                             + self.bs)]
+                     for _ in range(fc.documents)]
+        ops = list(fc.weights)
+        weights = [fc.weights[k] for k in ops]
+        for _ in range(rng.randint(1, max_ops)):
+            op = rng.choices(ops, weights)[0] if self.created else "new"
+            # An op with no drawer of its own observes, as "observe" does.
+            (getattr(self, f"_{op}") if op in _OPS else self._observe)()
+        self.actions.append(Observe())
+        return self.actions
+
+    def _some_req(self) -> int:
         # Mostly recent requests: they are the ones still alive.
-        return created[-1 - min(int(rng.expovariate(0.5)), len(created) - 1)]
+        created = self.created
+        return created[-1 - min(int(self.rng.expovariate(0.5)), len(created) - 1)]
 
-    for _ in range(rng.randint(1, max_ops)):
-        kind = rng.choices(kinds, weights)[0] if created else "new"
-        if kind == "new":
-            n_blocks = rng.randint(0, fc.max_prompt_blocks)
-            cut = max(1, n_blocks * bs + rng.choice((0, 0, 0, 1, -1)))
-            prompt = docs[rng.randrange(len(docs))][:cut] + [
-                rng.randrange(fc.vocab) for _ in range(rng.choice((0, 0, 1, bs, 2 * bs)))]
-            created.append(len(created))
-            actions.append(New(
-                created[-1], tuple(prompt or [0]),
-                cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
-                lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
-                encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if encoder else 0,
-                full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
-            ))
-        elif kind == "schedule":
-            ext = 0 if no_external else rng.choice((0, 0, 0, bs, 2 * bs + 1))
-            req = some_req()
-            actions.append(Schedule(
-                req,
-                rng.choice((1, bs, 3 * bs, 1 << 12, 1 << 12)),
-                lookahead=rng.choice((0, 0, 0, 1, bs + 1)),
-                external=ext,
-                delay_cache=ext > 0 and rng.random() < 0.4,
-                full_sequence_must_fit=rng.random() < 0.1,
-                reserved_blocks=rng.choice((0,) * 9 + (1,)),
-                max_hit=knobs.random() if knobs.random() < P_MAX_HIT else None,
-            ))
-            # As a scheduler step would: often the model's tokens come right
-            # back, or the KV load finishes.
-            follow = rng.random()
-            if follow < 0.5:
-                n = rng.choice((1, 1, 1, 2, bs))
-                actions.append(Sample(req, tuple(rng.randrange(fc.vocab) for _ in range(n))))
-            elif follow < 0.6:
-                actions.append(finish_load(req))
-        elif kind == "sample":
-            n = rng.choice((1, 1, 1, 2, bs, 3))
-            actions.append(Sample(some_req(), tuple(rng.randrange(fc.vocab) for _ in range(n))))
-        elif kind == "finish":
-            actions.append(Finish(some_req(), finalize=finalizing and rng.random() < 0.5))
-        elif kind == "preempt":
-            actions.append(Preempt(some_req()))
-        elif kind == "finish_load":
-            actions.append(finish_load(some_req()))
-        elif kind == "ack":
-            actions.append(Ack(rng.choice((1, 1, 2, 4, 1 << 10)), workers=rng.choice((1, 1, 2)),
-                               split=rng.random() < 0.2))
-        elif kind == "reset":
-            actions.append(Reset())
-        elif kind == "evict":
-            k = rng.randint(1, 3)
-            actions.append(Evict(tuple(rng.randrange(config.num_blocks) for _ in range(k))))
-        elif kind == "step":
-            actions.append(StepBoundary())
-        else:
-            actions.append(Observe())
-    actions.append(Observe())
-    return config, actions
+    def _finish_load_of(self, req: int) -> FinishLoad:
+        # HiSparse imports may fail (then nothing they wrote is readable).
+        return FinishLoad(req, failed=self.hisparse and self.rng.random() < 0.2)
+
+    def _new(self) -> None:
+        rng, fc, bs = self.rng, self.fc, self.bs
+        n_blocks = rng.randint(0, fc.max_prompt_blocks)
+        cut = max(1, n_blocks * bs + rng.choice((0, 0, 0, 1, -1)))
+        prompt = self.docs[rng.randrange(len(self.docs))][:cut] + [
+            rng.randrange(fc.vocab) for _ in range(rng.choice((0, 0, 1, bs, 2 * bs)))]
+        self.created.append(len(self.created))
+        self.actions.append(New(
+            self.created[-1], tuple(prompt or [0]),
+            cache_salt=rng.choice(("a", "b")) if rng.random() < fc.p_salt else None,
+            lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
+            encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if self.encoder else 0,
+            full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
+        ))
+
+    def _schedule(self) -> None:
+        rng, bs, knobs = self.rng, self.bs, self.knobs
+        ext = 0 if self.no_external else rng.choice((0, 0, 0, bs, 2 * bs + 1))
+        req = self._some_req()
+        self.actions.append(Schedule(
+            req,
+            rng.choice((1, bs, 3 * bs, 1 << 12, 1 << 12)),
+            lookahead=rng.choice((0, 0, 0, 1, bs + 1)),
+            external=ext,
+            delay_cache=ext > 0 and rng.random() < 0.4,
+            full_sequence_must_fit=rng.random() < 0.1,
+            reserved_blocks=rng.choice((0,) * 9 + (1,)),
+            max_hit=knobs.random() if knobs.random() < P_MAX_HIT else None,
+        ))
+        # As a scheduler step would: often the model's tokens come right
+        # back, or the KV load finishes.
+        follow = rng.random()
+        if follow < 0.5:
+            n = rng.choice((1, 1, 1, 2, bs))
+            self.actions.append(Sample(req, tuple(rng.randrange(self.fc.vocab)
+                                                  for _ in range(n))))
+        elif follow < 0.6:
+            self.actions.append(self._finish_load_of(req))
+
+    def _sample(self) -> None:
+        rng = self.rng
+        n = rng.choice((1, 1, 1, 2, self.bs, 3))
+        self.actions.append(Sample(self._some_req(), tuple(rng.randrange(self.fc.vocab)
+                                                           for _ in range(n))))
+
+    def _finish(self) -> None:
+        self.actions.append(Finish(self._some_req(),
+                                   finalize=self.finalizing and self.rng.random() < 0.5))
+
+    def _preempt(self) -> None:
+        self.actions.append(Preempt(self._some_req()))
+
+    def _finish_load(self) -> None:
+        self.actions.append(self._finish_load_of(self._some_req()))
+
+    def _ack(self) -> None:
+        rng = self.rng
+        self.actions.append(Ack(rng.choice((1, 1, 2, 4, 1 << 10)), workers=rng.choice((1, 1, 2)),
+                                split=rng.random() < 0.2))
+
+    def _reset(self) -> None:
+        self.actions.append(Reset())
+
+    def _evict(self) -> None:
+        rng = self.rng
+        k = rng.randint(1, 3)
+        self.actions.append(Evict(tuple(rng.randrange(self.config.num_blocks)
+                                        for _ in range(k))))
+
+    def _step(self) -> None:
+        self.actions.append(StepBoundary())
+
+    def _observe(self) -> None:
+        self.actions.append(Observe())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from harness.core import kinds
 from harness.peer import features as F
 from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_sizing as isizing
@@ -120,50 +121,43 @@ def to_impl_spec(spec):
             num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
             prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
         )
-    if not isinstance(spec, v.AttentionSpec):
+    row = kinds.row_of_vllm_spec(spec)
+    if row is None or not isinstance(spec, v.AttentionSpec):
         raise ImplLacks("KV cache spec kind", name)
     _defaults_only(spec, _ATTENTION_UNSUPPORTED)
-    common = _attention_geometry(spec)
-    if isinstance(spec, v.MLAAttentionSpec):
+    if row.name == "sliding_window_mla":
+        _defaults_only(spec, {"bounded_replay": F.REPLAY_BOUNDARIES})
+    if row.name in ("mla_attention", "sliding_window_mla"):
         # non_causal_multi_token_decode marks a drafter's layers: grouping
         # reads it (the sizing adapter passes the marked layers on by name).
         require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
-        cls = ispec.HiddenStateCacheSpec if isinstance(spec, v.HiddenStateCacheSpec) else (
-            ispec.MLAAttentionSpec)
-        return cls(**common, sliding_window=spec.sliding_window,
-                   attention_chunk_size=spec.attention_chunk_size, **_mla_labels(spec),
-                   cache_role=spec.cache_role.value,
-                   is_index_group_leader=spec.is_index_group_leader)
-    if isinstance(spec, v.SlidingWindowMLASpec):
-        _defaults_only(spec, {"bounded_replay": F.REPLAY_BOUNDARIES})
-        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
-        return ispec.SlidingWindowMLASpec(**common, sliding_window=spec.sliding_window,
-                                          extra_retained_tokens=spec.extra_retained_tokens,
-                                          **_mla_labels(spec))
-    # impl writes "V head as wide as K" as None; vLLM fills the number in.
-    common["head_size_v"] = None if spec.head_size_v == spec.head_size else spec.head_size_v
-    if isinstance(spec, v.SinkFullAttentionSpec):
-        return ispec.SinkFullAttentionSpec(**common, sliding_window=spec.sliding_window,
-                                           attention_chunk_size=spec.attention_chunk_size,
-                                           sink_len=spec.sink_len)
-    if isinstance(spec, v.RSWASpec):
-        return ispec.RSWASpec(**common, sliding_window=spec.sliding_window,
-                              attention_chunk_size=spec.attention_chunk_size,
-                              rswa_window=spec.rswa_window)
-    if isinstance(spec, v.FullAttentionSpec):
-        return ispec.FullAttentionSpec(**common, sliding_window=spec.sliding_window,
-                                       attention_chunk_size=spec.attention_chunk_size)
-    if isinstance(spec, v.SlidingWindowSpec):
-        return ispec.SlidingWindowSpec(**common, sliding_window=spec.sliding_window,
-                                       extra_retained_tokens=spec.extra_retained_tokens)
-    if isinstance(spec, v.ChunkedLocalAttentionSpec):
-        return ispec.ChunkedLocalAttentionSpec(**common,
-                                               attention_chunk_size=spec.attention_chunk_size)
-    if isinstance(spec, v.CrossAttentionSpec):
-        return ispec.CrossAttentionSpec(**common)
-    if isinstance(spec, v.CircularBufferSpec):
-        return ispec.CircularBufferSpec(**common)
-    raise ImplLacks("KV cache spec kind", name)
+    common = _attention_geometry(spec)
+    if row.name not in ("mla_attention", "sliding_window_mla"):
+        # impl writes "V head as wide as K" as None; vLLM fills the number in.
+        common["head_size_v"] = None if spec.head_size_v == spec.head_size else (
+            spec.head_size_v)
+    return _same_fields(_impl_class(row, spec), spec, common)
+
+
+def _impl_class(row, spec) -> type:
+    """impl's class of `spec`: its own namesake where impl has one below the
+    row's class (an MLA spec's hidden-state cache), else the row's."""
+    own = getattr(ispec, type(spec).__name__, None)
+    if isinstance(own, type) and issubclass(own, row.impl_spec):
+        return own
+    return row.impl_spec
+
+
+def _same_fields(cls: type, spec, common: dict):
+    """`cls` from `common` and every other field of vLLM's spec that impl's
+    dataclass has under the same name (enums by their value)."""
+    values = dict(common)
+    for f in dataclasses.fields(cls):
+        if f.name in values or not hasattr(spec, f.name) or f.name == "head_size_v":
+            continue
+        value = getattr(spec, f.name)
+        values[f.name] = getattr(value, "value", value)
+    return cls(**values)
 
 
 def _hisparse_spec(spec):

@@ -73,8 +73,10 @@ def group_to_dict(g: GroupConfig) -> dict:
     out: dict[str, Any] = {"block_size": g.block_size}
     for f in fields(GroupConfig):
         value = getattr(g, f.name)
-        if f.name != "block_size" and value != getattr(_GROUP_DEFAULTS, f.name):
+        if f.name not in ("block_size", "params") and value != getattr(_GROUP_DEFAULTS, f.name):
             out[f.name] = value
+    # A registered kind's fields, as the group's own (specs/KINDS.md).
+    out.update(g.params)
     return out
 
 
@@ -94,7 +96,7 @@ def cache_to_dict(cache: CacheConfig) -> dict:
 
 def cache_from_dict(d: dict) -> CacheConfig:
     kwargs = {k: v for k, v in d.items() if k != "groups"}
-    groups = tuple(GroupConfig(**g) for g in d["groups"])
+    groups = tuple(GroupConfig.make(**g) for g in d["groups"])
     return CacheConfig(groups=groups, **kwargs)
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import fastjsonschema
 import jsonschema
 
+from harness.core import kinds
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "specs" / "trace.schema.json"
 FORMAT = "kvconform-trace/1"
 
@@ -28,10 +30,69 @@ class SchemaViolation(ValueError):
         super().__init__(f"{field}: {message}")
 
 
-@cache
 def load_schema() -> dict:
+    """The schema file with its kinds as the kinds table has them now (a
+    kind registered at run time included)."""
+    return _schema_at(kinds.version())
+
+
+@cache
+def _schema_at(table_version: int) -> dict:
     with open(SCHEMA_PATH) as f:
-        return json.load(f)
+        return with_kinds(json.load(f))
+
+
+def group_schema(schema: dict) -> dict:
+    """The schema of one cache group."""
+    return schema["definitions"]["cache"]["properties"]["groups"]["items"]
+
+
+# A kind field the file does not describe (a registered kind's): a count of tokens.
+_FIELD = {"type": "integer", "minimum": 1, "maximum": 16777216}
+
+
+def _field_clause(field: str, kinds_with: list[str]) -> dict:
+    """A group of one of `kinds_with` states `field`; no other group does."""
+    kind = {"const": kinds_with[0]} if len(kinds_with) == 1 else {"enum": kinds_with}
+    return {"if": {"properties": {"kind": kind}, "required": ["kind"]},
+            "then": {"required": [field]},
+            "else": {"not": {"required": [field]}}}
+
+
+def _is_field_clause(clause: dict) -> bool:
+    return list(clause.get("then", {})) == ["required"] and "not" in clause.get("else", {})
+
+
+def with_kinds(schema: dict) -> dict:
+    """`schema` with the group's kind enum, kind fields and their
+    required-or-forbidden clauses derived from the kinds table (the file's
+    clauses for other facts stay as written, in place)."""
+    group = group_schema(schema)
+    group["properties"]["kind"]["enum"] = list(kinds.names())
+    by_field: dict[str, list[str]] = {}
+    for row in kinds.rows():
+        for f in row.fields:
+            by_field.setdefault(f, []).append(row.name)
+    for f, with_it in by_field.items():
+        group["properties"].setdefault(f, {**_FIELD, "description": f"{', '.join(with_it)} "
+                                           "groups (a registered kind's field)"})
+    clauses = group["allOf"]
+    at = next((i for i, c in enumerate(clauses) if _is_field_clause(c)), len(clauses))
+    kept = [c for c in clauses if not _is_field_clause(c)]
+    field_clauses = [_field_clause(f, k) for f, k in by_field.items()]
+    group["allOf"] = kept[:at] + field_clauses + kept[at:]
+    return schema
+
+
+def write_schema(path: Path = SCHEMA_PATH) -> bool:
+    """Rewrite the schema file from the kinds table (after adding a kind's
+    row, specs/KINDS.md); True when it changed."""
+    old = path.read_text()
+    with open(path) as f:
+        new = json.dumps(with_kinds(json.load(f)), indent=2, ensure_ascii=False) + "\n"
+    if new != old:
+        path.write_text(new)
+    return new != old
 
 
 @cache
