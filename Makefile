@@ -42,7 +42,7 @@ TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 # Seconds of fuzz per release in `make matrix` (sliced over the kind configs).
 MATRIX_FUZZ_SECONDS ?= 24
 
-.PHONY: install install-ray overlays test lint conform matrix peer bench gpu-check clean-venv
+.PHONY: schema install install-ray overlays test lint conform matrix peer bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -74,6 +74,11 @@ test: install install-ray overlays
 	PYTHONPATH=$(CURDIR)/.vllm-0.17.1 $(PY) -m pytest -q -m vllm017 tests
 
 # ruff, configured in pyproject.toml ([tool.ruff]).
+# The trace schema's kind enum and kind fields from the kinds table
+# (harness/core/kinds.py); a test fails when the file and the table disagree.
+schema: install
+	$(PY) -c 'from harness.trace.schema import write_schema; write_schema()'
+
 lint: install
 	$(VENV)/bin/ruff check harness tests benchmarks ci impl
 
