@@ -78,7 +78,7 @@ class AttentionOptions:
     num_heads: int | None = None
     vllm: bool = True  # also compare with vLLM's CPU attention ops
     layout: KVCacheLayout = KVCacheLayout.CPU_ATTN
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str | None = None  # default: the trace's model (its --kv-cache-dtype)
     # Per-tensor scales of an fp8 cache.
     k_scale: float = 1.0
     v_scale: float = 1.0
@@ -116,6 +116,9 @@ class AttentionOutcome:
     divergence: AttentionDivergence | None = None
     error: str | None = None
     error_code: ExitCode = ExitCode.OK
+    # The environment error is this processor's (vLLM's kernels need an
+    # instruction set it lacks): what it lacks, in vLLM's words.
+    machine_lacks: str | None = None
     seconds: float = 0.0
 
     @property
@@ -195,7 +198,7 @@ def check_attention(path: str, options: AttentionOptions = AttentionOptions()
                     ) -> AttentionOutcome:
     """Run the attention differential over one trace (which needs a `model`
     header). Never raises for bad input or environment: see outcome.error."""
-    from harness.backends.vllm_cpu_attention import VllmUnavailable
+    from harness.backends.vllm_cpu_attention import ProcessorUnsupported, VllmUnavailable
 
     outcome = AttentionOutcome(path)
     t0 = time.perf_counter()
@@ -205,6 +208,9 @@ def check_attention(path: str, options: AttentionOptions = AttentionOptions()
         outcome.error, outcome.error_code = str(e), ExitCode(e.exit_code)
     except (SidecarError, BadTrace) as e:
         outcome.error, outcome.error_code = f"{path}: {e}", ExitCode.BAD_INPUT
+    except ProcessorUnsupported as e:
+        outcome.error, outcome.error_code = f"{path}: {e}", ExitCode.ENVIRONMENT
+        outcome.machine_lacks = str(e)
     except VllmUnavailable as e:
         outcome.error, outcome.error_code = f"{path}: {e}", ExitCode.ENVIRONMENT
     finally:
@@ -289,7 +295,8 @@ def _groups(header, options: AttentionOptions, dtype: torch.dtype,
             kv_heads, head_size = 1, MLA_LATENT + MLA_ROPE
             scale = 1.0 / math.sqrt(head_size)
         setup = LayerSetup(header.cache.num_blocks, group.block_size, num_heads, kv_heads,
-                           head_size, dtype, scale, kind, options.kv_cache_dtype,
+                           head_size, dtype, scale, kind,
+                           options.kv_cache_dtype or model.kv_cache_dtype,
                            options.layout, options.device, options.k_scale, options.v_scale)
         layer = LayerCheck(setup, _vllm_layer(setup, options, outcome, g))
         is_recorded = (recorded is not None and not kind.is_mla

@@ -83,6 +83,11 @@ def unsupported_reason(kind, head_size: int, block_size: int, dtype: torch.dtype
     if kv_cache_dtype != "auto" and head_size % 32:
         return f"vLLM's CPU attention keeps an fp8 cache for head sizes of multiples of 32, " \
                f"not {head_size}"
+    # The 16-token kernels (vec16) have no fp8 variant: vLLM's pick hands them
+    # such a layer and its op refuses it, whatever the processor.
+    if kv_cache_dtype != "auto" and block_size % 32:
+        return f"vLLM's CPU attention keeps an fp8 cache in blocks of multiples of 32, " \
+               f"not {block_size}"
     if kind.chunk_size and kind.chunk_size % block_size:
         return f"vLLM's chunked local attention needs chunks of whole blocks ({block_size})"
     return None
@@ -122,7 +127,7 @@ class VllmCpuAttention:
                 # cache dtype; its fp8 byte order there is not converted here, so
                 # the layer runs vLLM's AVX-512 kernels, the ones every AVX-512
                 # machine without AMX runs: the result does not follow the CPU.
-                self.isa = "vec" if block_size % 32 == 0 else "vec16"
+                self.isa = "vec"
             if self.isa not in SUPPORTED_ISAS:
                 raise VllmUnavailable(f"CPU attention ISA '{self.isa}' has no cache "
                                       "conversion here")

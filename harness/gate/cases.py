@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.cache_config import CacheConfig, GroupConfig
-from harness.core.exit_codes import ExitCode
+from harness.core.exit_codes import ExitCode, worst
 from harness.fuzz.generate import FuzzConfig
 from harness.sources.workload import WorkloadSpec
 from impl.profiles import VersionProfile
@@ -36,6 +36,14 @@ VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
 # A fuzz campaign whose time ran out before it checked enough to mean anything
 # (harness/fuzz/campaign.py MIN_CASES): the machine's problem, exit 3.
 TOO_FEW_CASES = "TOO FEW CASES"
+NOT_RUN_HERE = "SKIPPED (this machine)"
+
+
+def gate_exit_code(cases) -> ExitCode:
+    """The worst exit code of the cases this machine could run; the
+    environment's when it could run none."""
+    counted = [c.exit_code for c in cases if not c.not_run_here]
+    return worst(counted) if counted else ExitCode.ENVIRONMENT
 
 
 @dataclass(slots=True)
@@ -52,9 +60,15 @@ class Case:
     truncated: bool = False
     # A verdict more telling than the exit code's (TOO_FEW_CASES).
     label: str = ""
+    # What this machine lacks to run the case (an instruction set): the case
+    # is reported (ENVIRONMENT, a JUnit <skipped>) but does not decide the
+    # run's exit code, so that which processor CI lands on decides nothing.
+    not_run_here: str = ""
 
     @property
     def verdict(self) -> str:
+        if self.not_run_here:
+            return NOT_RUN_HERE
         if self.label:
             return self.label
         if self.truncated and self.exit_code == ExitCode.OK:
@@ -264,7 +278,7 @@ def run_attention(path: str) -> Case:
     elif code != ExitCode.OK:
         report = message = o.error or o.failure_message() or ""
     return Case(case_name(path), "trace", "attention", o.num_tokens, o.seconds, code, report,
-                message)
+                message, not_run_here=o.machine_lacks or "")
 
 
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,

@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.core.exit_codes import ExitCode, worst
-from harness.gate.cases import Case, case_name
+from harness.core.exit_codes import ExitCode
+from harness.gate.cases import Case, case_name, gate_exit_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
     if summary:
         with open(summary, "w") as f:
             f.write(format_summary(cases, seconds, against))
-    return worst(c.exit_code for c in cases)
+    return gate_exit_code(cases)
 
 
 def _fuzz_row(r, seed: int, seconds: float) -> Case:

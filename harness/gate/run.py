@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.exit_codes import ExitCode, worst
-from harness.gate.cases import ROOT, TRACES_DIR, Case
+from harness.core.exit_codes import ExitCode
+from harness.gate.cases import ROOT, TRACES_DIR, Case, gate_exit_code
 
 
 class _Collector:
@@ -50,6 +50,7 @@ class _Collector:
                 props.get("kvconform_message", ""),
                 truncated=bool(props.get("kvconform_truncated", False)),
                 label=props.get("kvconform_label", ""),
+                not_run_here=props.get("kvconform_not_run_here", ""),
             )
             self.item_names[report.nodeid] = report.nodeid.split("::")[-1]
 
@@ -88,8 +89,10 @@ def format_table(cases: list[Case], against: Against | None = None) -> str:
     for c in cases:
         lines.append(f"{c.name:<{width}}  {c.kind:<8}  {c.mode:<{mode_w}}  {c.events:>8}  "
                      f"{c.seconds:>7.2f}  {c.verdict}")
-    failed = sum(c.exit_code != ExitCode.OK for c in cases)
+    failed = sum(c.exit_code != ExitCode.OK and not c.not_run_here for c in cases)
     tail = f"{len(cases)} cases, {sum(c.events for c in cases)} events checked, {failed} failed"
+    if skipped := sum(bool(c.not_run_here) for c in cases):
+        tail += f", {skipped} not run on this machine (what it lacks is named above)"
     if against is not None and against.unverified:
         tail += f" ({UNVERIFIED})"
     lines.append(tail)
@@ -97,7 +100,8 @@ def format_table(cases: list[Case], against: Against | None = None) -> str:
 
 
 def format_summary(cases: list[Case], seconds: float, against: Against) -> str:
-    failed = [c for c in cases if c.exit_code != ExitCode.OK]
+    failed = [c for c in cases if c.exit_code != ExitCode.OK and not c.not_run_here]
+    skipped = [c for c in cases if c.not_run_here]
     head = "✅ conformant" if not failed else f"❌ {len(failed)} of {len(cases)} cases failed"
     if against.unverified:
         head += f" ({UNVERIFIED})"
@@ -112,6 +116,9 @@ def format_summary(cases: list[Case], seconds: float, against: Against) -> str:
     for c in failed:
         lines += ["", f"<details><summary><code>{c.name}</code>: {c.verdict}</summary>", "",
                   "```", c.report.strip(), "```", "</details>"]
+    if skipped:
+        lines += ["", f"{len(skipped)} cases not run on this machine (they decide nothing):"]
+        lines += [f"- `{c.name}` ({c.mode}): {c.not_run_here}" for c in skipped]
     return "\n".join(lines) + "\n"
 
 
@@ -126,8 +133,9 @@ def write_junit(path: str, named: list[tuple[str, Case]], seconds: float,
     suite = ET.Element("testsuite", name="kvconform", tests=str(len(cases)),
                        failures=str(sum(c.exit_code == ExitCode.DIVERGED for c in cases)),
                        errors=str(sum(c.exit_code not in (ExitCode.OK, ExitCode.DIVERGED)
-                                      for c in cases)),
-                       skipped="0", time=f"{seconds:.3f}")
+                                      and not c.not_run_here for c in cases)),
+                       skipped=str(sum(bool(c.not_run_here) for c in cases)),
+                       time=f"{seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for key, value in (("vllm", against.vllm_version), ("profile", against.profile),
                        ("unverified_profile", str(against.unverified).lower())):
@@ -139,6 +147,9 @@ def write_junit(path: str, named: list[tuple[str, Case]], seconds: float,
         ET.SubElement(cprops, "property", name="mode", value=c.mode)
         ET.SubElement(cprops, "property", name="events", value=str(c.events))
         if c.exit_code == ExitCode.OK:
+            continue
+        if c.not_run_here:
+            ET.SubElement(case, "skipped", message=c.not_run_here)
             continue
         tag = "failure" if c.exit_code == ExitCode.DIVERGED else "error"
         ET.SubElement(case, tag, message=c.message or c.verdict).text = c.report
@@ -155,7 +166,7 @@ def cases_json(cases: list[Case], seconds: float, against: Against, code: ExitCo
         "seconds": round(seconds, 3), "exit_code": int(code),
         "cases": [{"name": c.name, "kind": c.kind, "mode": c.mode, "events": c.events,
                    "seconds": round(c.seconds, 3), "exit_code": int(c.exit_code),
-                   "message": c.message} for c in cases],
+                   "message": c.message, "not_run_here": c.not_run_here} for c in cases],
     }
 
 
@@ -218,7 +229,7 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
     for c in cases:
         if c.exit_code != ExitCode.OK or c.truncated:
             print(f"\n{c.name} ({c.mode}):\n{c.report}")
-    code = worst(c.exit_code for c in cases)
+    code = gate_exit_code(cases)
     if summary:
         Path(summary).write_text(format_summary(cases, seconds, against))
     if junit:

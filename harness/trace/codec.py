@@ -32,6 +32,8 @@ class ModelShape:
     num_kv_heads: int
     head_size: int
     dtype: str
+    # vLLM's --kv-cache-dtype: "auto" (the model's dtype) or an fp8 format.
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,10 @@ def header_to_dict(h: TraceHeader) -> dict:
         out["description"] = h.description
     out["cache"] = cache_to_dict(h.cache)
     if h.model is not None:
-        out["model"] = {f.name: getattr(h.model, f.name) for f in fields(ModelShape)}
+        # Defaults are left out: a trace written before a field existed
+        # reads and writes back the same.
+        out["model"] = {f.name: getattr(h.model, f.name) for f in fields(ModelShape)
+                        if getattr(h.model, f.name) != f.default}
     if h.tensors is not None:
         out["tensors"] = h.tensors
     if h.truncated is not None:

@@ -45,7 +45,11 @@ def round_to_fp8_grid(x, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr,
     is_tie = (r - y) == 0.5
     is_odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
     r = tl.where(is_tie & is_odd, r - 1.0, r)
-    return r * quantum
+    out = r * quantum
+    # A value that rounds to zero keeps its sign (floor(y + 0.5) gives +0 for
+    # a small negative y): the cast of every fp8 format stores -0 for it, and
+    # the cache's bytes must be the same.
+    return tl.where(out == 0.0, x * 0.0, out)
 
 
 @triton.jit

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.core.exit_codes import ExitCode
 from harness.gate.run import run_gate
@@ -119,6 +120,69 @@ def test_a_swapped_block_table_fails_the_attention_case(tmp_path, capsys, monkey
     assert failure is not None and "block table" in failure.get("message")
     assert "attention " in failure.text  # the summary lines
     assert cases["engine-multi-turn-chat.jsonl"].find("failure") is None
+
+
+FP8_TRACE = SCENARIOS / "fp8-kv-cache-attention.yaml"
+
+
+def _fp8_gate(tmp_path, capsys):
+    d = _copy(tmp_path, FP8_TRACE.name)
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    code = run_gate([str(d)], 0, 0, str(tmp_path / "f"), str(junit), str(summary), "1",
+                    workloads=False)
+    out = capsys.readouterr().out
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    return code, out, cases, summary.read_text()
+
+
+def test_the_fp8_attention_case_runs_where_vllm_keeps_an_fp8_cache(tmp_path, capsys):
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM keeps no fp8 cache here "
+                    "(the next test shows the gate's answer)")
+    code, out, cases, _ = _fp8_gate(tmp_path, capsys)
+    assert code == 0, out
+    row = next(r for r in out.splitlines() if " attention " in r)
+    assert row.split()[-1] == "conformant", row
+
+
+def test_without_avx512_the_fp8_attention_case_is_the_machines_and_decides_nothing(
+        tmp_path, capsys, monkeypatch):
+    """Where vLLM's CPU attention keeps no fp8 cache (hidden from its ISA
+    pick: this machine as the AVX2-only EPYC a fresh clone may land on), the
+    case is reported with what the machine lacks, a JUnit <skipped>, and the
+    gate's exit code is that of the cases the machine could run; the verb on
+    that trace alone is exit 3."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    code, out, cases, summary = _fp8_gate(tmp_path, capsys)
+    assert code == 0, out
+    row = next(r for r in out.splitlines() if " attention " in r)
+    assert row.endswith("SKIPPED (this machine)"), row
+    skipped = cases["fp8-kv-cache-attention.yaml[attention]"].find("skipped")
+    assert skipped is not None and "AVX-512" in skipped.get("message")
+    assert cases["fp8-kv-cache-attention.yaml"].find("failure") is None
+    assert "1 not run on this machine" in out and "AVX-512" in summary
+    from harness.cli.main import main
+
+    assert main(["diff", str(FP8_TRACE)]) == 3
+    assert "AVX-512" in capsys.readouterr().out
+
+
+def test_a_case_not_run_here_never_hides_a_failure():
+    """Negative control of the rule above: a skipped case beside a divergence
+    leaves exit 1, and a run whose every case was skipped checked nothing
+    (the environment's exit 3, never a pass)."""
+    from harness.gate.cases import Case, gate_exit_code
+
+    skipped = Case("a", "trace", "attention", 0, 0.0, ExitCode.ENVIRONMENT, "x",
+                   not_run_here="needs AVX-512")
+    diverged = Case("b", "trace", "diff", 1, 0.0, ExitCode.DIVERGED, "y")
+    ok = Case("c", "trace", "diff", 1, 0.0, ExitCode.OK)
+    assert gate_exit_code([skipped, diverged]) == ExitCode.DIVERGED
+    assert gate_exit_code([skipped, ok]) == ExitCode.OK
+    assert gate_exit_code([skipped]) == ExitCode.ENVIRONMENT
+    assert gate_exit_code([ok, Case("d", "trace", "attention", 0, 0.0,
+                                    ExitCode.ENVIRONMENT, "no vLLM")]) == ExitCode.ENVIRONMENT
 
 
 def test_an_unknown_assumed_profile_is_one_line_exit_2(capsys):

@@ -86,6 +86,24 @@ def test_fp8_cache_holds_scaled_values_rounded_to_nearest(dtype, kv_cache_dtype)
     assert torch.equal(got_v, quantize(v[keep], kv_cache_dtype, 2.5))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_an_fp8_cache_holds_the_bytes_of_torchs_cast_signed_zeros_included(kv_cache_dtype):
+    """Values that round to zero keep their sign, as torch's (and CUDA's)
+    cast stores them: -0 and +0 are equal as numbers, so only the bytes tell
+    (the attention differential compares the cache's bytes)."""
+    cache = _cache(torch.float32, KVCacheLayout.CPU_ATTN, kv_cache_dtype)
+    k, v = _tokens(torch.float32, 30, seed=4)
+    k[:, 0, :6] = torch.tensor([-1e-9, 1e-9, -0.0, 0.0, -1e-30, 2.0])
+    slots = _slots(30, seed=4)
+    reshape_and_cache(k, v, cache.key, cache.value, slots, kv_cache_dtype,
+                      torch.tensor([1.0]), torch.tensor([1.0]))
+    keep = slots >= 0
+    b, o = slots[keep] // BLOCK_SIZE, slots[keep] % BLOCK_SIZE
+    fp8 = cache_torch_dtype(kv_cache_dtype, torch.float32)
+    assert torch.equal(cache.key[b, o].view(torch.uint8), k[keep].to(fp8).view(torch.uint8))
+    assert torch.equal(cache.value[b, o].view(torch.uint8), v[keep].to(fp8).view(torch.uint8))
+
+
 def test_a_wider_input_is_rounded_into_a_narrower_cache():
     cache = _cache(torch.bfloat16, KVCacheLayout.STACKED)
     k, v = _tokens(torch.float32, 16, seed=3)
