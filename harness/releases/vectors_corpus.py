@@ -168,16 +168,17 @@ def _store_remove_clear(as_int: bool) -> EventTrace:
 
 def _extra_keys(as_int: bool) -> EventTrace:
     cache = _cache(as_int)
-    p = _prompt(200, 12)
+    p = _prompt(200, 16)
     return EventTrace(
         "extra-keys",
-        "LoRA (lora_id, lora_name), multimodal items and cache salt in extra_keys, "
-        "then the same prompt without them",
+        "LoRA (lora_id, lora_name), multimodal items and cache salt in extra_keys "
+        "(an item ending where the second store starts), then the same prompt without them",
         cache,
         (
             (AddRequest("k", p, lora=_LORA, cache_salt="salt-1", mm=_MM[:2]),
              Lookup("k"), Allocate("k", 12)),
-            (AddRequest("plain", p), Lookup("plain"), Allocate("plain", 12)),
+            (Allocate("k", 4),),
+            (AddRequest("plain", p), Lookup("plain"), Allocate("plain", 16)),
         ),
     )
 

@@ -81,8 +81,8 @@ def hexed(value: Any) -> Any:
 # A file's "wire" object says how events are laid out: "layout" ("array": a
 # list whose first item is the tag; "map": an object whose `tag_field` holds
 # it), and per event type its fields in order, each {"name", "required"}.
-# vLLM's structs leave out fields at their default (None): in a map, any such
-# field; in an array, the trailing ones only.
+# vLLM's structs leave fields at their default (None) out of a map; an array
+# holds every field.
 
 
 def event_fields(wire: dict, type_name: str) -> list[dict]:
@@ -135,11 +135,9 @@ def wire_event(wire: dict, type_name: str, values: dict) -> bytes:
                 obj[f["name"]] = v
         count = len(obj)
     else:
-        row = [values.get(f["name"]) for f in fields]
-        keep = len(row)
-        while keep and row[keep - 1] is None and not fields[keep - 1]["required"]:
-            keep -= 1
-        obj = [type_name, *row[:keep]]
+        # Arrays keep every field, defaults included (msgspec omits defaults
+        # from maps only).
+        obj = [type_name, *(values.get(f["name"]) for f in fields)]
         count = len(obj)
     body = msgspec.msgpack.encode(obj)
     # msgspec sizes a struct's header for all its fields and the tag, written
