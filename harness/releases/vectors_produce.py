@@ -290,13 +290,14 @@ def produce(out: Path) -> dict[str, int]:
     """Write the installed release's files into `out`; their sizes."""
     from harness.backends.vllm_backend import installed_vllm_version
 
-    logging.disable(logging.WARNING)
     version = installed_vllm_version()
-    sizes = {}
-    for name, doc in ((fmt.HASHES, hashes_doc(version)), (fmt.EVENTS, events_doc(version))):
-        path = fmt.write(out, name, doc)
-        sizes[name] = path.stat().st_size
-    return sizes
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # vLLM's notes on unseeded xxhash and the publisher
+    try:
+        docs = ((fmt.HASHES, hashes_doc(version)), (fmt.EVENTS, events_doc(version)))
+    finally:
+        logging.disable(before)
+    return {name: fmt.write(out, name, doc).stat().st_size for name, doc in docs}
 
 
 def main(argv: list[str] | None = None) -> int:
