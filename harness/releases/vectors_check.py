@@ -96,8 +96,9 @@ def check_hashes(path: Path, doc: dict | None = None) -> tuple[int, list[Mismatc
             got = impl_none_hash(profile, algo, seed)
             if want is None:
                 if got == impl_none_hash(profile, algo, seed):
-                    found.append(Mismatch(lines.path, lines.of(algo, row), f"none_hash.{algo}."
-                                          f"{mode}", f"random in vLLM, fixed in impl ({got.hex()})"))
+                    found.append(Mismatch(lines.path, lines.of(algo, row),
+                                          f"none_hash.{algo}.{mode}",
+                                          f"random in vLLM, fixed in impl ({got.hex()})"))
             elif got.hex() != want:
                 found.append(Mismatch(lines.path, lines.of(algo, row),
                                       f"none_hash.{algo}.{mode}", f"{want} != impl {got.hex()}"))

@@ -78,7 +78,8 @@ def _hash_changes(a: dict, b: dict) -> list[Change]:
                           f"NONE_HASH cases)"))
     for label, only in (("only in " + a["vllm"], cases_a.keys() - cases_b.keys()),
                         ("only in " + b["vllm"], cases_b.keys() - cases_a.keys())):
-        families = sorted({_case_keys((cases_a | cases_b)[c]) for c in only})
+        every = cases_a | cases_b
+        families = sorted({f"{_case_keys(every[c])} ({every[c]['none_hash']})" for c in only})
         if families:
             out.append(Change(f"hash cases {label}", *((_fold(families), "") if
                               label.endswith(a["vllm"]) else ("", _fold(families)))))
@@ -124,6 +125,12 @@ def _field_changes(kind: str, fa: list[dict], fb: list[dict]) -> list[Change]:
     return out
 
 
+def _header(wire: dict, kind: str) -> str:
+    """The width of an event's map or array header (vectors_format.wire_event)."""
+    entries = len(wire["events"][kind]) + 1
+    return "16-bit count" if entries > 15 else "fix (4-bit count)"
+
+
 def _wire_changes(a: dict, b: dict) -> list[Change]:
     wa, wb = a["wire"], b["wire"]
     out = []
@@ -135,6 +142,9 @@ def _wire_changes(a: dict, b: dict) -> list[Change]:
                               "yes" if kind in wb["events"] else "-"))
             continue
         out += _field_changes(kind, wa["events"][kind], wb["events"][kind])
+        ha, hb = _header(wa, kind), _header(wb, kind)
+        if ha != hb:
+            out.append(Change(f"{kind} header", ha, hb))
     out += _field_changes("batch", wa["batch"]["fields"], wb["batch"]["fields"])
     for which in ("publish", "replay"):
         fa, fb = a["frames"].get(which), b["frames"].get(which)
@@ -187,7 +197,7 @@ def diff_folders(fa: Path, fb: Path) -> tuple[dict, dict, list[Change]]:
     return ha, hb, changes
 
 
-def format_changes(a: str, b: str, changes: list[Change], width: int = 60) -> str:
+def format_changes(a: str, b: str, changes: list[Change], width: int = 100) -> str:
     def cut(s: str) -> str:
         return s if len(s) <= width else s[:width - 3] + "..."
 
