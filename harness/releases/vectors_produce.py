@@ -3,8 +3,9 @@ overlay first on the module path, or the installed vLLM), from its own code:
 its block hasher and NONE_HASH, its KV cache manager's events, and its ZMQ
 publisher's bytes. specs/VECTORS.md is the format.
 
-    PYTHONPATH=.vllm-0.25.1:. python -m harness.releases.vectors_produce OUT
+    PYTHONPATH=.vllm-0.25.1:. python -m harness.releases.vectors_produce OUT [VERSION]
 
+(VERSION: refuse, before any work, unless that is the release imported)
 writes OUT/hashes.json and OUT/events.json and prints one line
 `kvconform-vectors: {"vllm", "files": {name: bytes}, "seconds"}`.
 """
@@ -307,11 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     from harness.core.exit_codes import ExitCode
 
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m harness.releases.vectors_produce OUT", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print("usage: python -m harness.releases.vectors_produce OUT [VERSION]",
+              file=sys.stderr)
         return ExitCode.BAD_INPUT
     t0 = time.perf_counter()
     try:
+        imported = installed_vllm_version()
+        if len(argv) == 2 and imported.split("+")[0] != argv[1]:
+            raise ProduceError(f"vLLM {argv[1]}: this process imports vLLM {imported}")
         sizes = produce(Path(argv[0]))
     except (EnvironmentProblem, ProduceError) as e:
         print(f"kvconform: {e}", file=sys.stderr)

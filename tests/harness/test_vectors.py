@@ -150,3 +150,16 @@ def test_installed_vllm_regenerates_its_vendored_files(tmp_path):
         fresh = (tmp_path / name).read_bytes()
         assert fresh == (VENDORED / release / name).read_bytes(), (
             f"traces/vectors/{release}/{name} is stale: run make vectors")
+
+
+def test_installed_release_is_not_an_overlay(monkeypatch):
+    # `kvconform --vllm 0.33 vectors` puts the overlay first on sys.path; the
+    # release the venv has installed is still the venv's.
+    from harness.releases.vectors import ROOT, installed_release
+
+    overlay = ROOT / ".vllm-0.33.0"
+    if not overlay.exists():
+        pytest.skip("no 0.33.0 overlay here (make test builds it: make overlays)")
+    plain = installed_release()
+    monkeypatch.syspath_prepend(str(overlay))
+    assert installed_release() == plain != "0.33.0"
