@@ -42,7 +42,7 @@ TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 # Seconds of fuzz per release in `make matrix` (sliced over the kind configs).
 MATRIX_FUZZ_SECONDS ?= 24
 
-.PHONY: schema install install-ray overlays test lint conform matrix peer bench gpu-check clean-venv
+.PHONY: schema install install-ray overlays test lint conform matrix vectors peer bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -97,6 +97,13 @@ matrix: install
 	$(VENV)/bin/kvconform matrix --fuzz-seconds $(MATRIX_FUZZ_SECONDS) --out .matrix
 	# every release's overlay is built now: the API table against each one's source
 	$(PY) -m pytest -q tests/harness/test_vllm_api.py
+
+# The golden vectors of every followed release (specs/VECTORS.md), each from
+# that release's own code through its overlay (built when missing), into the
+# vendored traces/vectors/VERSION/; then impl is checked against them all.
+vectors: install
+	$(VENV)/bin/kvconform vectors --all --out traces/vectors --jobs 2
+	$(VENV)/bin/kvconform vectors check traces/vectors
 
 # vLLM's own KV-cache unit tests (from the installed version's sdist), run on
 # vLLM and then on impl through harness/peer's adapters; results in .peer/

@@ -142,7 +142,8 @@ def _feature_end(feature) -> int:
 
 
 def block_extra_keys(
-    request: Request, start: int, end: int, tagged: bool, mm_offset: bool = True
+    request: Request, start: int, end: int, tagged: bool, mm_offset: bool = True,
+    walk_start: int | None = None,
 ) -> tuple[Any, ...] | None:
     """What besides the tokens tells the block [start, end) apart, in hash
     order: LoRA adapter, overlapping multimodal items, salt (first block),
@@ -150,7 +151,9 @@ def block_extra_keys(
 
     `mm_offset` (profile.mm_extra_key): an item's key carries its offset in
     the block, and an item ending where the block starts is not in it;
-    otherwise the key is the bare identifier and such an item still is."""
+    otherwise the key is the bare identifier and such an item still is, but
+    only in the first block of a walk over blocks (`walk_start`, where the
+    caller began; None: this block): later blocks have stepped past it."""
     found: list[Any] = []
     if request.lora is not None:
         lora = request.lora
@@ -158,7 +161,9 @@ def block_extra_keys(
     features = request.mm_features
     if features:
         # Sorted and disjoint: skip those ending before `start` (or at it).
-        i = (bisect_right(features, start, key=_feature_end) if mm_offset
+        at_walk_start = walk_start is None or walk_start == start
+        i = (bisect_right(features, start, key=_feature_end)
+             if mm_offset or not at_walk_start
              else bisect_left(features, start, key=_feature_end))
         while i < len(features) and features[i].offset < end:
             item = features[i]
@@ -258,15 +263,16 @@ class RequestBlockHasher:
         plain = (request.lora is None and not request.mm_features
                  and request.prompt_embeds is None and not request.cache_salt)
         tagged, mm_offset = self.tagged, self.mm_offset
+        first = begin  # the walk over multimodal items starts here
         while begin + size <= end:
             stop = begin + size
             if ahead:
                 keys = None if plain else block_extra_keys(request, begin, stop + ahead,
-                                                           tagged, mm_offset)
+                                                           tagged, mm_offset, first)
                 keys = (keys, *tokens[stop:stop + ahead])
             else:
                 keys = None if plain else block_extra_keys(request, begin, stop, tagged,
-                                                           mm_offset)
+                                                           mm_offset, first)
             parent = fn((parent, tuple(tokens[begin:stop]), keys))
             fresh.append(parent)
             begin = stop

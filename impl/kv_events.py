@@ -88,8 +88,10 @@ class KVEventBuilder:
         as_int = self.as_int
         lora = request.lora
         tagged, mm_offset, ahead = self.tagged, self.mm_offset, self.lookahead
-        extras = [event_extra_keys(block_extra_keys(request, a, b + ahead, tagged, mm_offset),
-                                   tagged)
+        # One walk over the multimodal items from the first stored block.
+        first = key_ranges[0][0] if key_ranges else 0
+        extras = [event_extra_keys(block_extra_keys(request, a, b + ahead, tagged, mm_offset,
+                                                    first), tagged)
                   for a, b in key_ranges]
         tokens = request.all_token_ids
         lookahead = [tokens[b:b + ahead] for _, b in key_ranges] if ahead else None
