@@ -33,6 +33,11 @@ class SizingOutcome:
         return ExitCode.OK if self.field is None and not self.problem else ExitCode.DIVERGED
 
     @property
+    def num_fields(self) -> int:
+        """The fields compared (the reference's answer's leaves)."""
+        return _leaves(self.vllm)
+
+    @property
     def refused(self) -> bool:
         return "refused" in self.vllm
 
@@ -55,6 +60,14 @@ class SizingOutcome:
         return (f"{where}sizing shape {self.shape.name}: diverged at field "
                 f"{self.field or '(answer)'}\n  vllm: {_at(self.vllm, self.field)}\n"
                 f"  impl: {_at(self.impl, self.field)}")
+
+
+def _leaves(value) -> int:
+    if isinstance(value, dict):
+        return sum(_leaves(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_leaves(v) for v in value) if value else 1
+    return 1
 
 
 def _at(answer, path: str | None):

@@ -11,7 +11,11 @@ the Cases into its table, JUnit and summary.
 - workload: each seeded workload runs impl and vLLM in lockstep: every answer,
   the free queue after every free and preemption, and the KV events must be
   identical.
-- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+- sizing: a model shape's KV cache sized by impl and by vLLM, compared field
+  by field (harness/backends/sizing.py): every shape of traces/sizing/, every
+  trace with a `model` header and every seeded workload's config.
+- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py), or a campaign
+  of random model shapes sized on both sides (harness/fuzz/sizing.py).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ TOO_FEW_CASES = "TOO FEW CASES"
 @dataclass(slots=True)
 class Case:
     name: str
-    kind: str  # trace | workload | fuzz
+    kind: str  # trace | workload | sizing | fuzz
     mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
     events: int
     seconds: float
@@ -250,6 +254,30 @@ def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
             if n >= failure.index or answer is None:
                 break
     return path
+
+
+def run_sizing(name: str, shape) -> Case:
+    """A model shape (harness/core/sizing_shape.py) sized by vLLM and impl."""
+    from harness.backends.sizing import check_sizing
+
+    o = check_sizing(shape)
+    # Its "events" are the fields of the KV cache config compared.
+    return Case(name, "sizing", o.mode(), o.num_fields, o.seconds, o.exit_code, o.report())
+
+
+def trace_sizing_shape(path: str):
+    """The shape of a trace with a `model` header (its groups, its model)."""
+    from harness.sources.sizing_of_config import shape_of_config
+    from harness.trace.reader import open_trace
+
+    header = open_trace(path).header
+    return shape_of_config(Path(path).name, header.cache, header.model, f"{case_name(path)}:1")
+
+
+def workload_sizing_shape(case: WorkloadCase):
+    from harness.sources.sizing_of_config import shape_of_config
+
+    return shape_of_config(case.name, case.config)
 
 
 def run_attention(path: str) -> Case:
