@@ -29,7 +29,15 @@ class SizingOutcome:
     problem: str = ""
 
     @property
+    def crashed(self) -> bool:
+        """vLLM raised something other than a refusal (a bug of its own on a
+        shape it should plan): nothing to compare impl with."""
+        return "crashed" in self.vllm
+
+    @property
     def exit_code(self) -> ExitCode:
+        if self.crashed:
+            return ExitCode.ENVIRONMENT
         return ExitCode.OK if self.field is None and not self.problem else ExitCode.DIVERGED
 
     @property
@@ -43,6 +51,8 @@ class SizingOutcome:
 
     def mode(self) -> str:
         """What the shape exercised: its groups and blocks, or the refusal."""
+        if self.crashed:
+            return f"vLLM crashed at {self.vllm['crashed']['at']}"
         if self.refused:
             r = self.vllm["refused"]
             return f"refused at {r['at']} ({r['error']})"
@@ -55,6 +65,10 @@ class SizingOutcome:
         if self.exit_code == ExitCode.OK:
             return ""
         where = f"{self.shape.where}: " if self.shape.where else ""
+        if self.crashed:
+            c = self.vllm["crashed"]
+            return (f"{where}sizing shape {self.shape.name}: vLLM crashed at {c['at']}: "
+                    f"{c['error']}: {c['message']} (not compared)")
         if self.problem:
             return f"{where}sizing shape {self.shape.name}: {self.problem}"
         return (f"{where}sizing shape {self.shape.name}: diverged at field "
@@ -105,7 +119,7 @@ def check_sizing(shape: SizingShape, profile=None, api=None) -> SizingOutcome:
     theirs = vllm_sizing(shape, api, memory)
     mine = impl_sizing(shape, profile, memory)
     outcome = SizingOutcome(shape, theirs, mine, time.perf_counter() - t0,
-                            first_difference(theirs, mine))
+                            None if "crashed" in theirs else first_difference(theirs, mine))
     if outcome.field is None and "refused" not in theirs:
         outcome.problem = _unmet(theirs, shape.expect)
     return outcome

@@ -69,6 +69,15 @@ def _layout(name: str):
     return KVCacheLayout[name]
 
 
+def engine_block_size(shape: SizingShape) -> int:
+    """The engine's block size (cache_config.block_size, which vLLM's block
+    sizes read for a model of one group): the one its attention layers were
+    built with (Mamba layers may take another), else the first layer's."""
+    sizes = [layer.block_size for _, layer in shape.layers if layer.kind != "mamba"]
+    sizes = sizes or [layer.block_size for _, layer in shape.layers]
+    return sizes[0] if sizes else 16
+
+
 def vllm_config(shape: SizingShape) -> SimpleNamespace:
     """The VllmConfig fields vLLM's sizing reads, for the shape."""
     layout = _layout(shape.kv_cache_layout)
@@ -77,7 +86,7 @@ def vllm_config(shape: SizingShape) -> SimpleNamespace:
         num_gpu_blocks_override=shape.num_gpu_blocks_override,
         prefix_cache_retention_interval=None, mamba_cache_mode=shape.mamba_cache_mode,
         enable_prefix_caching=shape.enable_caching, prefix_match_unit=shape.prefix_match_unit,
-        block_size=min((layer.block_size for _, layer in shape.layers), default=16),
+        block_size=engine_block_size(shape),
         kv_cache_size_tokens=None, kv_cache_max_concurrency=None)
     return SimpleNamespace(
         model_config=SimpleNamespace(
@@ -178,4 +187,9 @@ def vllm_sizing(shape: SizingShape, api: VllmApi, memory: list[int]) -> dict:
                                                                                  scheduler))
     except REFUSALS as e:  # a refusal is an answer, compared as one
         answer["refused"] = refusal(stage, e)
+    except AttributeError:
+        raise  # the stand-in config lacks a field this release reads: the harness's
+    except Exception as e:  # noqa: BLE001 - vLLM's own crash on a shape it should plan
+        answer["crashed"] = {"at": stage, "error": type(e).__name__,
+                             "message": str(e).splitlines()[0] if str(e) else ""}
     return answer

@@ -229,3 +229,60 @@ def read_sizing_corpus(path: str) -> list[SizingShape]:
                                   where=f"{path}:{doc.lines.get(where, 1)}", expect=expect,
                                   **_engine(doc, f"{where}.engine", spec.get("engine"))))
     return shapes
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+def _layer_document(layer: LayerShape) -> dict:
+    out: dict = {"kind": layer.kind, "block_size": layer.block_size}
+    if layer.kind == "mamba":
+        out["dtypes"] = list(layer.dtypes)
+    else:
+        out.update(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
+                   dtype=layer.dtype)
+    for key, value in layer.values:
+        out[key] = [list(s) for s in value] if key == "shapes" else value
+    return out
+
+
+def _labels(shape: SizingShape) -> dict[LayerShape, str]:
+    """A label per distinct layer: the one its names carry where they carry
+    one consistently (model.layers.{i}.{label}), else k0, k1, ..."""
+    by_name: dict[LayerShape, str] = {}
+    for i, (name, layer) in enumerate(shape.layers):
+        label = name.removeprefix(f"model.layers.{i}.")
+        if label == name or by_name.setdefault(layer, label) != label:
+            by_name = {}
+            break
+    if len(set(by_name.values())) == len(by_name) and by_name:
+        return by_name
+    labels: dict[LayerShape, str] = {}
+    for _, layer in shape.layers:
+        labels.setdefault(layer, f"k{len(labels)}")
+    return labels
+
+
+def shape_document(shapes: list[SizingShape]) -> dict:
+    """Shapes as a sizing corpus (what read_sizing_corpus reads back: each
+    layer labelled by its distinct spec, one pattern entry per layer)."""
+    out = []
+    for shape in shapes:
+        labels = _labels(shape)
+        index = {name: i for i, (name, _) in enumerate(shape.layers)}
+        workers = []
+        for w in shape.workers:
+            first = index[w.layers[0]] if w.layers else 0
+            doc: dict = {"layers": [first, first + len(w.layers)]}
+            if w.memory is not None:
+                doc["memory"] = w.memory
+            else:
+                doc.update(memory_blocks=w.memory_blocks, memory_extra=w.memory_extra)
+            workers.append(doc)
+        engine = {f.name: getattr(shape, f.name) for f in dataclasses.fields(SizingShape)
+                  if f.name in _ENGINE_KEYS and getattr(shape, f.name) != f.default}
+        out.append({"name": shape.name,
+                    "layers": {"pattern": [labels[layer] for _, layer in shape.layers],
+                               "kinds": {v: _layer_document(k) for k, v in labels.items()}},
+                    "workers": workers, "engine": engine})
+    return {"format": FORMAT, "shapes": out}
