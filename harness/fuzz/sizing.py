@@ -98,11 +98,14 @@ def _workers(rng: random.Random, fc: SizingFuzzConfig, names: tuple[str, ...],
         spans = [names[a:b] for a, b in zip(bounds, bounds[1:])]
     out = []
     for span in spans:
-        if rng.random() < 0.4:
-            out.append(WorkerShape(span, memory=rng.choice((0, 1 << 20, 1 << 26, 1 << 30,
-                                                            5 << 30, rng.randint(1, 1 << 33)))))
+        # Mostly enough memory (a plan to compare), sometimes the edges.
+        if rng.random() < 0.3:
+            out.append(WorkerShape(span, memory=rng.choice((
+                0, 1 << 20, 1 << 30, 5 << 30, rng.randint(1 << 28, 1 << 34),
+                rng.randint(1 << 28, 1 << 34)))))
         else:
-            blocks = rng.choice((1, 2, need - 1, need, need + 1, rng.randint(1, 4 * need + 2)))
+            blocks = rng.choice((1, need - 1, need, need, need + 1, 2 * need, 4 * need,
+                                 rng.randint(need, 8 * need)))
             out.append(WorkerShape(span, memory_blocks=max(0, blocks),
                                    memory_extra=rng.choice((0, 0, -1, 1))))
     return tuple(out)
@@ -133,12 +136,14 @@ def draw_shape(rng: random.Random, fc: SizingFuzzConfig, name: str) -> SizingSha
     labels = (pattern * repeat)[:fc.max_layers]
     layers = tuple((f"model.layers.{i}.k{k}", shapes[k]) for i, k in enumerate(labels))
     max_model_len = rng.choice((16, 256, 1000, 4096, 32768, 131072))
-    need = -(-max_model_len // bs) + 1  # one request of full attention and the null block
+    # Blocks of one request of full attention in every group, and the null block.
+    need = -(-max_model_len // bs) * len(shapes) + 1
     names = tuple(n for n, _ in layers)
     return SizingShape(
         name, layers, _workers(rng, fc, names, need), max_model_len=max_model_len,
         auto_fit=rng.random() < 0.3,
-        num_gpu_blocks_override=rng.choice((None,) * 6 + (1, 2, need, rng.randint(1, 4096))),
+        num_gpu_blocks_override=rng.choice((None,) * 8 + (1, need - 1, need, 2 * need,
+                                                       rng.randint(1, 4096))),
         kv_cache_layout=rng.choice(("LBNHC",) * len(fc.layouts) + fc.layouts),
         tensor_parallel_size=rng.choice((1, 1, 2, 4, 8)),
         dcp_world_size=rng.choice((1,) * 9 + (2,)),

@@ -303,6 +303,23 @@ def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
                                 min_cases=min_cases))
 
 
+def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_config,
+                    min_cases: int = 0) -> Case:
+    """A fuzz slice of random model shapes, each sized by vLLM and impl."""
+    from harness.fuzz.sizing import fuzz_sizing
+
+    r = fuzz_sizing(seconds, seed, fuzz_config, out_dir, min_cases)
+    mode = f"{r.cases} shapes, {r.refused} refused alike"
+    if r.vllm_crashed:
+        mode += f", {r.vllm_crashed} vLLM crashes"
+    if r.finding is None:
+        return Case(name, "fuzz", mode, r.fields, r.seconds, ExitCode.OK)
+    report = (f"{r.finding.report()}
+written to {r.path}; rerun it: pytest {r.path}"
+              if r.path else r.finding.report())
+    return Case(name, "fuzz", mode, r.fields, r.seconds, r.finding.exit_code, report)
+
+
 def fuzz_case(name: str, r) -> Case:
     """A campaign's result (CampaignResult) as a gate case."""
     from harness.fuzz.campaign import too_few_cases_warning

@@ -304,8 +304,14 @@ class FuzzItem(_CaseItem):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.campaign import MIN_CASES
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz
+        from harness.fuzz.sizing import SizingFuzzConfig
+        from harness.gate.cases import run_fuzz, run_sizing_fuzz
 
+        fuzz_config = load_kind_config(self.kind)
+        if isinstance(fuzz_config, SizingFuzzConfig):
+            return run_sizing_fuzz(self.name, self.seconds, self.seed,
+                                   self.config.option.kvconform_fuzz_out, fuzz_config,
+                                   min_cases=MIN_CASES)
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
                         self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
                         min_cases=MIN_CASES)
