@@ -314,8 +314,7 @@ def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_con
         mode += f", {r.vllm_crashed} vLLM crashes"
     if r.finding is None:
         return Case(name, "fuzz", mode, r.fields, r.seconds, ExitCode.OK)
-    report = (f"{r.finding.report()}
-written to {r.path}; rerun it: pytest {r.path}"
+    report = (f"{r.finding.report()}\nwritten to {r.path}; rerun it: pytest {r.path}"
               if r.path else r.finding.report())
     return Case(name, "fuzz", mode, r.fields, r.seconds, r.finding.exit_code, report)
 
