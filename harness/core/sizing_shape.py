@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# A sizing corpus file says so in its first lines (traces/sizing/*.yaml);
+# trace folders are walked past them (harness/trace/reader.py find_traces).
+SIZING_FORMAT = "kvconform-sizing/1"
 # Cache dtypes by name, with their bytes per element (fp8 caches are 1 byte).
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
                "uint8": 1, "int8": 1}
 # The layouts vLLM 0.32 resolves a KV cache layout to (impl/kv_cache_layout.py).
 LAYOUTS = ("LBNHC", "LBHNC", "BLHNC", "BLNHC", "LHBNC", "BHLNC")
+
+
+def is_sizing_corpus(head: str) -> bool:
+    """Whether a file's first few KiB say it is a sizing corpus."""
+    return SIZING_FORMAT in head and "shapes:" in head
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,18 @@ import dataclasses
 import re
 
 from harness.core import kinds
-from harness.core.sizing_shape import DTYPE_SIZES, LAYOUTS, LayerShape, SizingShape, WorkerShape
+from harness.core.sizing_shape import (
+    DTYPE_SIZES,
+    LAYOUTS,
+    SIZING_FORMAT,
+    LayerShape,
+    SizingShape,
+    WorkerShape,
+    is_sizing_corpus,
+)
 from harness.core.trace_error import TraceError
 
-FORMAT = "kvconform-sizing/1"
+FORMAT = SIZING_FORMAT
 _SHAPE_KEYS = {"name", "note", "layers", "workers", "engine", "expect"}
 _LAYER_KEYS = {"kind", "block_size", "num_kv_heads", "head_size", "dtype", "dtypes"}
 _WORKER_KEYS = {"layers", "memory", "memory_blocks", "memory_extra"}
@@ -39,9 +47,7 @@ _ENGINE_KEYS = {f.name: f for f in dataclasses.fields(SizingShape)
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
-def is_sizing_corpus(head: str) -> bool:
-    """Whether a file's first few KiB say it is a sizing corpus."""
-    return FORMAT in head and "shapes:" in head
+__all__ = ["FORMAT", "is_sizing_corpus", "read_sizing_corpus", "shape_document"]
 
 
 class _Doc:
