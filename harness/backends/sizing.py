@@ -31,8 +31,9 @@ class SizingOutcome:
     @property
     def crashed(self) -> bool:
         """vLLM raised something other than a refusal (a bug of its own on a
-        shape it should plan): nothing to compare impl with."""
-        return "crashed" in self.vllm
+        shape it should plan), or cannot build the shape's specs (a field the
+        release lacks): nothing to compare impl with."""
+        return "crashed" in self.vllm or "lacks" in self.vllm
 
     @property
     def exit_code(self) -> ExitCode:
@@ -51,6 +52,8 @@ class SizingOutcome:
 
     def mode(self) -> str:
         """What the shape exercised: its groups and blocks, or the refusal."""
+        if "lacks" in self.vllm:
+            return "not built by this vLLM"
         if self.crashed:
             return f"vLLM crashed at {self.vllm['crashed']['at']}"
         if self.refused:
@@ -65,6 +68,9 @@ class SizingOutcome:
         if self.exit_code == ExitCode.OK:
             return ""
         where = f"{self.shape.where}: " if self.shape.where else ""
+        if "lacks" in self.vllm:
+            return (f"{where}sizing shape {self.shape.name}: this vLLM cannot build it: "
+                    f"{self.vllm['lacks']['message']} (not compared)")
         if self.crashed:
             c = self.vllm["crashed"]
             return (f"{where}sizing shape {self.shape.name}: vLLM crashed at {c['at']}: "
@@ -120,7 +126,7 @@ def check_sizing(shape: SizingShape, profile=None, api=None) -> SizingOutcome:
     shape unless given), compared."""
     from harness.backends.impl_sizing import impl_sizing, worker_memory
     from harness.backends.vllm_backend import installed_vllm_api, installed_vllm_profile
-    from harness.backends.vllm_sizing import vllm_sizing
+    from harness.backends.vllm_sizing import resolves_block_sizes, vllm_sizing
 
     profile = profile or installed_vllm_profile()
     api = api or installed_vllm_api()
@@ -128,8 +134,10 @@ def check_sizing(shape: SizingShape, profile=None, api=None) -> SizingOutcome:
     memory = worker_memory(shape, profile)
     theirs = vllm_sizing(shape, api, memory)
     mine = impl_sizing(shape, profile, memory)
+    if not resolves_block_sizes(api):
+        mine.get("scheduler", {}).pop("block_sizes", None)  # the release has no such answer
     outcome = SizingOutcome(shape, theirs, mine, time.perf_counter() - t0,
-                            None if "crashed" in theirs else
+                            None if "crashed" in theirs or "lacks" in theirs else
                             first_difference(_compared(theirs), _compared(mine)))
     if outcome.field is None and "refused" not in theirs:
         outcome.problem = _unmet(theirs, shape.expect)

@@ -27,6 +27,7 @@ from harness.backends.sizing_answer import (
 from harness.backends.vllm_api import VllmApi
 from harness.core import kinds
 from harness.core.sizing_shape import LayerShape, SizingShape
+from impl.profiles import BlockSizesRule
 
 # Cache dtypes by name, as torch names them.
 _TORCH_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
@@ -96,7 +97,9 @@ def vllm_config(shape: SizingShape) -> SimpleNamespace:
         cache_config=cache,
         scheduler_config=SimpleNamespace(
             disable_hybrid_kv_cache_manager=shape.disable_hybrid_kv_cache_manager,
-            max_num_encoder_input_tokens=shape.max_num_encoder_input_tokens),
+            max_num_encoder_input_tokens=shape.max_num_encoder_input_tokens,
+            # What 0.17-0.19's windows and chunks cap a request by.
+            max_num_batched_tokens=in_flight_tokens(shape)),
         parallel_config=SimpleNamespace(
             tensor_parallel_size=shape.tensor_parallel_size,
             decode_context_parallel_size=shape.dcp_world_size,
@@ -150,6 +153,12 @@ def _quiet() -> None:
         logger.setLevel(logging.ERROR)
 
 
+def resolves_block_sizes(api: VllmApi) -> bool:
+    """Whether the release has resolve_kv_cache_block_sizes (0.20+; before,
+    the engine took its cache block size as it was)."""
+    return api.block_sizes_rule is not BlockSizesRule.CACHE_BLOCK_SIZE
+
+
 def plan_configs(api: VllmApi, config, specs: list[dict], memory: list[int]):
     """vLLM's per-worker KV cache configs, called as the release calls them."""
     sizing = importlib.import_module(api.sizing_module)
@@ -179,12 +188,15 @@ def vllm_sizing(shape: SizingShape, api: VllmApi, memory: list[int]) -> dict:
                                "groups": [spec_answer(g.kv_cache_spec)
                                           for g in scheduler.kv_cache_groups]}
         stage = "block_sizes"
-        answer["scheduler"]["block_sizes"] = list(ku.resolve_kv_cache_block_sizes(scheduler,
-                                                                                  config))
+        if resolves_block_sizes(api):
+            answer["scheduler"]["block_sizes"] = list(ku.resolve_kv_cache_block_sizes(
+                scheduler, config))
         stage = "capacity"
         if scheduler.kv_cache_groups:
             answer["scheduler"]["capacity"] = capacity(*ku.get_kv_cache_capacity(config,
                                                                                  scheduler))
+    except kinds.SpecFieldMissing as e:  # the shape asks for a field this release lacks
+        answer["lacks"] = {"at": stage, "error": "no such spec field", "message": str(e)}
     except REFUSALS as e:  # a refusal is an answer, compared as one
         answer["refused"] = refusal(stage, e)
     except AttributeError:

@@ -303,8 +303,8 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.campaign import MIN_CASES
-        from harness.fuzz.slices import load_kind_config
         from harness.fuzz.sizing import SizingFuzzConfig
+        from harness.fuzz.slices import load_kind_config
         from harness.gate.cases import run_fuzz, run_sizing_fuzz
 
         fuzz_config = load_kind_config(self.kind)

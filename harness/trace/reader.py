@@ -37,8 +37,8 @@ from harness.core.events import (
     HiSparseStep,
 )
 from harness.core.exit_codes import ExitCode
-from harness.core.trace_error import TraceError
 from harness.core.sizing_shape import is_sizing_corpus
+from harness.core.trace_error import TraceError
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.rules import TraceRules
 from harness.trace.schema import SchemaViolation, validate_event, validate_header
