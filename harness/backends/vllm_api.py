@@ -77,6 +77,9 @@ class VllmApi:
     spec_takes_dcp_sharded: bool = False
     # Requests read kv_cache_report_mode from the sampling params' extra args.
     request_reads_report_mode: bool = False
+    # get_kv_cache_configs takes the whole model's groups, made first by
+    # get_global_kv_cache_groups (0.33: planning through KVCacheConfigBuilder).
+    sizing_groups_model_first: bool = False
 
 
 # Oldest first, each row the previous one plus the fields that change; a
@@ -132,6 +135,7 @@ _then("0.31.0", manager_takes_shared_prefix_checkpoint=True,
       spec_takes_dcp_sharded=True)
 _then("0.32.0", has_hisparse=True)
 _then("0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
+      sizing_groups_model_first=True,
       takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
 
 SHAPES: tuple[VllmApi, ...] = tuple(_SHAPES)

@@ -11,7 +11,11 @@ the Cases into its table, JUnit and summary.
 - workload: each seeded workload runs impl and vLLM in lockstep: every answer,
   the free queue after every free and preemption, and the KV events must be
   identical.
-- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+- sizing: a model shape's KV cache sized by impl and by vLLM, compared field
+  by field (harness/backends/sizing.py): every shape of traces/sizing/, every
+  trace with a `model` header and every seeded workload's config.
+- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py), or a campaign
+  of random model shapes sized on both sides (harness/fuzz/sizing.py).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def gate_exit_code(cases) -> ExitCode:
 @dataclass(slots=True)
 class Case:
     name: str
-    kind: str  # trace | workload | fuzz
+    kind: str  # trace | workload | sizing | fuzz
     mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
     events: int
     seconds: float
@@ -266,6 +270,30 @@ def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
     return path
 
 
+def run_sizing(name: str, shape) -> Case:
+    """A model shape (harness/core/sizing_shape.py) sized by vLLM and impl."""
+    from harness.backends.sizing import check_sizing
+
+    o = check_sizing(shape)
+    # Its "events" are the fields of the KV cache config compared.
+    return Case(name, "sizing", o.mode(), o.num_fields, o.seconds, o.exit_code, o.report())
+
+
+def trace_sizing_shape(path: str):
+    """The shape of a trace with a `model` header (its groups, its model)."""
+    from harness.sources.sizing_of_config import shape_of_config
+    from harness.trace.reader import open_trace
+
+    header = open_trace(path).header
+    return shape_of_config(Path(path).name, header.cache, header.model, f"{case_name(path)}:1")
+
+
+def workload_sizing_shape(case: WorkloadCase):
+    from harness.sources.sizing_of_config import shape_of_config
+
+    return shape_of_config(case.name, case.config)
+
+
 def run_attention(path: str) -> Case:
     """The attention-output differential of a trace with a `model` header."""
     from harness.attention.differential import AttentionOptions, check_attention
@@ -287,6 +315,22 @@ def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
 
     return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config,
                                 min_cases=min_cases))
+
+
+def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_config,
+                    min_cases: int = 0) -> Case:
+    """A fuzz slice of random model shapes, each sized by vLLM and impl."""
+    from harness.fuzz.sizing import fuzz_sizing
+
+    r = fuzz_sizing(seconds, seed, fuzz_config, out_dir, min_cases)
+    mode = f"{r.cases} shapes, {r.refused} refused alike"
+    if r.vllm_crashed:
+        mode += f", {r.vllm_crashed} vLLM crashes"
+    if r.finding is None:
+        return Case(name, "fuzz", mode, r.fields, r.seconds, ExitCode.OK)
+    report = (f"{r.finding.report()}\nwritten to {r.path}; rerun it: pytest {r.path}"
+              if r.path else r.finding.report())
+    return Case(name, "fuzz", mode, r.fields, r.seconds, r.finding.exit_code, report)
 
 
 def fuzz_case(name: str, r) -> Case:

@@ -10,7 +10,11 @@ failure's text is the divergence report.
 A trace with a `model` header is also an attention case (`NAME[attention]`):
 the attention-output differential (harness/attention/differential.py), a
 divergence a failure, bad input or an environment without vLLM's attention
-ops an error (never a skip).
+ops an error (never a skip); and a sizing case (`NAME[sizing]`): its model's
+KV cache sized by impl and vLLM (harness/backends/sizing.py). A sizing corpus
+(`kvconform-sizing/1`, traces/sizing/) is a file of sizing cases, one per
+shape (`FILE[SHAPE]`); each seeded workload's config is sized too
+(`WORKLOAD[sizing]`).
 
 Options (used by `kvconform gate`):
   --kvconform-workloads         also run the seeded lockstep workloads
@@ -60,9 +64,21 @@ def _is_trace(path: Path) -> bool:
     return "header:" in head and _MAGIC in head
 
 
+def _is_sizing_corpus(path: Path) -> bool:
+    from harness.sources.sizing_corpus import is_sizing_corpus
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return is_sizing_corpus(f.read(4096))
+    except OSError:
+        return False
+
+
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
         return TraceFile.from_parent(parent, path=file_path)
+    if file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path):
+        return SizingFile.from_parent(parent, path=file_path)
     return None
 
 
@@ -151,12 +167,14 @@ class _CaseItem(pytest.Item):
 
 class TraceFile(pytest.File):
     def collect(self):
-        yield TraceItem.from_parent(self, name=self.path.name)
-        if not self.config.option.kvconform_no_attention:
-            from harness.attention.differential import wants_attention
+        from harness.attention.differential import wants_attention
 
-            if wants_attention(str(self.path)):
-                yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
+        yield TraceItem.from_parent(self, name=self.path.name)
+        has_model = wants_attention(str(self.path))
+        if has_model and not self.config.option.kvconform_no_attention:
+            yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
+        if has_model:
+            yield TraceSizingItem.from_parent(self, name=f"{self.path.name}[sizing]")
 
 
 class TraceItem(_CaseItem):
@@ -180,6 +198,88 @@ class AttentionItem(_CaseItem):
 
     def reportinfo(self):
         return self.path, None, f"attention {self.path}"
+
+
+class SizingFile(pytest.File):
+    """A sizing corpus: one item per model shape. A file that cannot be read
+    is one item, an error naming file:line and the field."""
+
+    def collect(self):
+        from harness.core.trace_error import TraceError
+        from harness.sources.sizing_corpus import read_sizing_corpus
+
+        try:
+            shapes = read_sizing_corpus(str(self.path))
+        except TraceError as e:
+            item = SizingItem.from_parent(self, name=f"{self.path.name}[(file)]")
+            item.problem = e
+            yield item
+            return
+        for shape in shapes:
+            item = SizingItem.from_parent(self, name=f"{self.path.name}[{shape.name}]")
+            item.shape = shape
+            yield item
+
+
+class SizingItem(_CaseItem):
+    """One model shape of a sizing corpus, sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+    shape = None
+    problem = None
+
+    def _label(self) -> str:
+        from harness.gate.cases import case_name
+
+        return f"{case_name(str(self.path))}[{self.name.rsplit('[', 1)[-1][:-1]}]"
+
+    def _run(self):
+        from harness.gate.cases import Case, run_sizing
+
+        if self.problem is not None:
+            return Case(self._label(), "sizing", "-", 0, 0.0, self.problem.exit_code,
+                        str(self.problem))
+        return run_sizing(self._label(), self.shape)
+
+    def reportinfo(self):
+        return self.path, None, f"sizing {self.name}"
+
+
+class TraceSizingItem(_CaseItem):
+    """A trace's model (its `model` header and groups), sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+
+    def _label(self) -> str:
+        from harness.gate.cases import case_name
+
+        return f"{case_name(str(self.path))}[sizing]"
+
+    def _run(self):
+        from harness.gate.cases import run_sizing, trace_sizing_shape
+
+        return run_sizing(self._label(), trace_sizing_shape(str(self.path)))
+
+    def reportinfo(self):
+        return self.path, None, f"sizing {self.path}"
+
+
+class WorkloadSizingItem(_CaseItem):
+    """A seeded workload's cache config, sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+
+    def _run(self):
+        from harness.gate.cases import WORKLOADS, run_sizing, workload_sizing_shape
+
+        case = next(c for c in WORKLOADS if f"{c.name}[sizing]" == self.name)
+        return run_sizing(self.name, workload_sizing_shape(case))
+
+    def reportinfo(self):
+        return "workload", None, f"sizing {self.name}"
 
 
 class WorkloadItem(_CaseItem):
@@ -206,9 +306,15 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.campaign import MIN_CASES
+        from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz
+        from harness.gate.cases import run_fuzz, run_sizing_fuzz
 
+        fuzz_config = load_kind_config(self.kind)
+        if isinstance(fuzz_config, SizingFuzzConfig):
+            return run_sizing_fuzz(self.name, self.seconds, self.seed,
+                                   self.config.option.kvconform_fuzz_out, fuzz_config,
+                                   min_cases=MIN_CASES)
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
                         self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
                         min_cases=MIN_CASES)
@@ -225,6 +331,8 @@ def pytest_collection_modifyitems(session, config, items):
         from harness.gate.cases import WORKLOADS
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
+        items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
+                     for c in WORKLOADS)
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices

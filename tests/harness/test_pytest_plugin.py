@@ -15,11 +15,18 @@ def test_collects_every_bundled_trace():
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
-    # Each trace once, and again as an attention case when it has a model header.
+    # A sizing corpus (traces/sizing/) is a case per model shape, no trace.
+    shapes = [c for c in collected if c.startswith("traces/sizing/")]
+    collected = [c for c in collected if not c.startswith("traces/sizing/")]
+    assert len(shapes) >= 40
+    # Each trace once, and again as an attention case and as a sizing case
+    # when it has a model header.
     with_model = [p for p in traces if '"model"' in p.read_text(errors="replace")[:4096]]
-    assert len([c for c in collected if not c.endswith("[attention]")]) == len(traces) >= 14
-    assert sorted(c.split("::")[0] for c in collected if c.endswith("[attention]")) == sorted(
-        str(p.relative_to(ROOT)) for p in with_model)
+    assert len([c for c in collected if not c.endswith(("[attention]", "[sizing]"))]) == len(
+        traces) >= 14
+    for suffix in ("[attention]", "[sizing]"):
+        assert sorted(c.split("::")[0] for c in collected if c.endswith(suffix)) == sorted(
+            str(p.relative_to(ROOT)) for p in with_model)
     assert len(with_model) >= 3
 
 
