@@ -21,6 +21,7 @@ DEFAULT_MODEL = (2, 2, 64, "bfloat16")  # (layers, KV heads, head size, dtype)
 # A state-space layer's states: a conv state and an SSM state.
 _MAMBA_STATES = (((3, 256), (8, 16, 16)), ("bfloat16", "float32"))
 _MLA_LATENT = 576
+_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 def _layer(config: CacheConfig, g, heads: int, head_size: int, dtype: str) -> LayerShape:
@@ -45,6 +46,8 @@ def shape_of_config(name: str, config: CacheConfig, model=None, where: str = "")
         DEFAULT_MODEL if model is None else
         (model.num_layers, model.num_kv_heads, model.head_size, model.dtype))
     dtype = dtype if dtype in DTYPE_SIZES else "bfloat16"
+    # The cache holds what --kv-cache-dtype says, not the model's dtype.
+    dtype = _CACHE_DTYPES.get(getattr(model, "kv_cache_dtype", "auto"), dtype)
     groups = config.groups
     layers = tuple(
         (f"model.layers.{i}.{groups[i % len(groups)].kind}",
