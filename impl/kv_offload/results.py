@@ -1,0 +1,45 @@
+"""The manager's answers: a lookup's verdict, a store's plan, an event."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class LookupResult(enum.Enum):
+    MISS = "miss"
+    HIT = "hit"
+    # Held, but its store is still in flight.
+    HIT_PENDING = "hit_pending"
+    # Ask again later (tiers with remote lookups; the CPU tier never says it).
+    RETRY = "retry"
+
+
+class OffloadPolicy(enum.Enum):
+    CHUNK_LEVEL = "chunk_level"
+    REQUEST_LEVEL = "request_level"
+
+
+@dataclass(slots=True)
+class RequestOffloadingContext:
+    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+
+
+@dataclass(slots=True)
+class StorePlan:
+    """prepare_store's answer: the keys to write, their slots (same order),
+    and the keys evicted to make room (eviction order)."""
+
+    keys_to_store: list[bytes] = field(default_factory=list)
+    chunk_ids: list[int] = field(default_factory=list)
+    evicted_keys: list[bytes] = field(default_factory=list)
+
+
+MEDIUM_CPU = "CPU"
+
+
+@dataclass(slots=True)
+class OffloadEvent:
+    keys: list[bytes]
+    removed: bool
+    medium: str = MEDIUM_CPU

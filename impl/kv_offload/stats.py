@@ -1,0 +1,15 @@
+"""One get_stats() snapshot of the CPU tier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class OffloadStats:
+    usage: float
+    write_usage: float
+    read_usage: float
+    allocation_sizes: list[int] = field(default_factory=list)
+    # None when no store threshold is set (the counter is not reported then).
+    stores_skipped: int | None = None
