@@ -26,7 +26,7 @@ class VllmOffloadBackend(OffloadBackend):
         return ReqContext(req_id=req)
 
     def op_new_request(self, req):
-        return self.manager.on_new_request(self.ctx(req)).policy.value
+        return self.manager.on_new_request(self.ctx(req)).policy.name
 
     def op_lookup(self, req, key):
         return self.manager.lookup(key, self.ctx(req)).name

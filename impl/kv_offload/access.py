@@ -2,9 +2,7 @@
 policy learns of them once, in prefix order, at the end (specs/KV_OFFLOAD.md,
 on_request_finished)."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
+from dataclasses import field, dataclass
 
 
 @dataclass(slots=True, eq=False)

@@ -2,9 +2,7 @@
 been offered `threshold` times. Offers are counted in a bounded map, oldest
 entries dropped first (specs/KV_OFFLOAD.md, "The store threshold")."""
 
-from __future__ import annotations
-
-from collections import OrderedDict
+import collections
 from collections.abc import Sequence
 
 
@@ -14,7 +12,7 @@ class OfferCounter:
     def __init__(self, threshold: int, capacity: int) -> None:
         self.threshold = threshold
         self.capacity = capacity
-        self.counts: OrderedDict[bytes, int] = OrderedDict()
+        self.counts: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
     def record(self, keys: Sequence[bytes]) -> None:
         counts = self.counts

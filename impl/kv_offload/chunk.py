@@ -1,7 +1,5 @@
 """One slot of the CPU buffer and who uses it."""
 
-from __future__ import annotations
-
 # ref_cnt while the slot's store is still in flight: not readable yet.
 STORING = -1
 

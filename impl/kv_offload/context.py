@@ -2,16 +2,14 @@
 its token sequence (when the scheduler recorded it), and a scratch slot per
 value type where a manager keeps its per-request record."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
+from dataclasses import field, dataclass
 from typing import Any
 
 
 @dataclass(slots=True, eq=False)
 class RequestContext:
     req_id: str = ""
-    kv_transfer_params: dict[str, Any] | None = None
+    kv_transfer_params: dict | None = None
     scratch: dict[type, Any] = field(default_factory=dict)
     positions: dict[bytes, int] = field(default_factory=dict)
 

@@ -2,8 +2,6 @@
 never over capacity nor shared, counts matching the chunks, the policies'
 own bookkeeping (ARC's ghost lists, LRU's evictable set)."""
 
-from __future__ import annotations
-
 from impl.kv_offload.chunk import STORING
 from impl.kv_offload.policies.arc import ARCCachePolicy
 from impl.kv_offload.policies.lru import LRUCachePolicy

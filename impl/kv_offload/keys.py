@@ -1,8 +1,6 @@
 """Offload keys: a block hash followed by its KV cache group index as four
 big-endian bytes (bytes, so a key is one cheap hashable object)."""
 
-from __future__ import annotations
-
 _GROUP_BYTES = 4
 
 

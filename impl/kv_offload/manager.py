@@ -2,8 +2,6 @@
 counts (pins) over them, the store threshold, events and stats; which chunk
 to drop is the policy's decision."""
 
-from __future__ import annotations
-
 from collections.abc import Collection, Iterator
 
 from impl.kv_offload.access import RequestAccess
@@ -13,6 +11,7 @@ from impl.kv_offload.keys import key_group_idx
 from impl.kv_offload.policies.registry import PolicyRegistry
 from impl.kv_offload.results import (
     LookupResult,
+    OffloadPolicy,
     OffloadEvent,
     RequestOffloadingContext,
     StorePlan,
@@ -78,7 +77,7 @@ class CPUOffloadingManager:
 
     def on_new_request(self, req_context) -> RequestOffloadingContext:
         self._access(req_context)
-        return RequestOffloadingContext()
+        return RequestOffloadingContext(OffloadPolicy.CHUNK_LEVEL)
 
     def lookup(self, key: bytes, req_context) -> LookupResult:
         chunk = self.policy.get(key)
@@ -209,7 +208,7 @@ class CPUOffloadingManager:
             yield from self.events
             self.events.clear()
 
-    def reset_cache(self) -> None:
+    def reset_cache(self):
         self.policy.clear()
         self.generation += 1
         self.num_evictable = 0

@@ -1,9 +1,7 @@
 """The manager's answers: a lookup's verdict, a store's plan, an event."""
 
-from __future__ import annotations
-
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field, dataclass
 
 
 class LookupResult(enum.Enum):
@@ -16,13 +14,15 @@ class LookupResult(enum.Enum):
 
 
 class OffloadPolicy(enum.Enum):
-    CHUNK_LEVEL = "chunk_level"
-    REQUEST_LEVEL = "request_level"
+    # Store only blocks this request computed (not its prefix hits).
+    CHUNK_LEVEL = "chunk"
+    # Store every block of the request.
+    REQUEST_LEVEL = "request"
 
 
 @dataclass(slots=True)
 class RequestOffloadingContext:
-    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    policy: OffloadPolicy
 
 
 @dataclass(slots=True)

@@ -1,8 +1,6 @@
 """One get_stats() snapshot of the CPU tier."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
+from dataclasses import field, dataclass
 
 
 @dataclass(slots=True)

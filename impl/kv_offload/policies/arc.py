@@ -2,23 +2,21 @@
 B2 remember keys recently evicted from each, and a hit on one of those ghosts
 moves the target size of T1 towards the list that would have kept it."""
 
-from __future__ import annotations
-
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+import collections
+from collections.abc import Iterator, Iterable
 
 from impl.kv_offload.chunk import Chunk
 from impl.kv_offload.policies.base import CachePolicy, prefix_order
 
 
 class ARCCachePolicy(CachePolicy):
-    def __init__(self, cache_capacity: int) -> None:
-        super().__init__(cache_capacity)
-        self.target_t1_size: float = 0.0
-        self.t1: OrderedDict[bytes, Chunk] = OrderedDict()
-        self.t2: OrderedDict[bytes, Chunk] = OrderedDict()
-        self.b1: OrderedDict[bytes, None] = OrderedDict()
-        self.b2: OrderedDict[bytes, None] = OrderedDict()
+    def __init__(self, cache_capacity: int):
+        CachePolicy.__init__(self, cache_capacity)
+        self.target_t1_size = 0.0  # a float: the adaptation steps are ratios
+        self.t1: collections.OrderedDict[bytes, Chunk] = collections.OrderedDict()
+        self.t2: collections.OrderedDict[bytes, Chunk] = collections.OrderedDict()
+        self.b1: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self.b2: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def get(self, key: bytes) -> Chunk | None:
         chunk = self.t1.get(key)
@@ -30,8 +28,9 @@ class ARCCachePolicy(CachePolicy):
         self.b2.pop(key, None)
 
     def remove(self, key: bytes) -> None:
-        if self.t1.pop(key, None) is None:
-            self.t2.pop(key, None)
+        for held in (self.t1, self.t2):
+            if held.pop(key, None) is not None:
+                return
 
     def _ghost_hit(self, key: bytes) -> None:
         if key in self.b1:
@@ -44,11 +43,11 @@ class ARCCachePolicy(CachePolicy):
             self.b2.move_to_end(key)
 
     def on_store_miss(self, keys: Iterable[bytes], req_context) -> None:
-        for key in reversed(list(keys)):
+        for key in list(keys)[::-1]:
             self._ghost_hit(key)
 
     def touch(self, keys: Iterable[bytes], req_context) -> None:
-        for key in reversed(list(keys)):
+        for key in list(keys)[::-1]:
             chunk = self.t1.get(key)
             if chunk is not None:
                 del self.t1[key]
@@ -62,12 +61,13 @@ class ARCCachePolicy(CachePolicy):
     def on_request_finished(self, key_groups, insertion_only_keys, reused_keys,
                             req_context) -> None:
         for key in reversed(prefix_order(key_groups, req_context)):
-            if key in insertion_only_keys:
+            only_inserted = key in insertion_only_keys
+            if only_inserted:
                 # Storing is not reuse: recency only, in whichever list it is.
-                if key in self.t1:
-                    self.t1.move_to_end(key)
-                elif key in self.t2:
-                    self.t2.move_to_end(key)
+                for held in (self.t1, self.t2):
+                    if key in held:
+                        held.move_to_end(key)
+                        break
             elif key in reused_keys:
                 if key in self.t1:
                     self.t2[key] = self.t1.pop(key)
@@ -89,7 +89,7 @@ class ARCCachePolicy(CachePolicy):
 
         def next_idle(scan: Iterator[tuple[bytes, Chunk]]):
             for key, chunk in scan:
-                if chunk.ref_cnt == 0 and key not in protected:
+                if key not in protected and chunk.ref_cnt == 0:
                     return key, chunk
             return None
 

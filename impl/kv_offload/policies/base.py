@@ -1,9 +1,7 @@
 """What the manager asks of a replacement policy. A policy holds the chunks
 by key and decides evictions; the manager owns ref counts and slots."""
 
-from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence, Iterable
 
 from impl.kv_offload.chunk import Chunk
 
@@ -25,7 +23,7 @@ def prefix_order(key_groups: Sequence[Sequence[bytes]], ctx) -> list[bytes]:
 class CachePolicy:
     """The protocol, with the defaults a policy may keep."""
 
-    def __init__(self, cache_capacity: int) -> None:
+    def __init__(self, cache_capacity: int):
         self.cache_capacity = cache_capacity
 
     def get(self, key: bytes) -> Chunk | None:

@@ -3,8 +3,6 @@ evictable key of lowest rank goes first. Ranks move while a key is pinned;
 the evictable keys sit in a min-heap whose stale entries are skipped and,
 when they pile up, dropped by a rebuild."""
 
-from __future__ import annotations
-
 import heapq
 from collections.abc import Iterable
 
@@ -16,8 +14,8 @@ _REBUILD_FLOOR = 64
 
 
 class LRUCachePolicy(CachePolicy):
-    def __init__(self, cache_capacity: int) -> None:
-        super().__init__(cache_capacity)
+    def __init__(self, cache_capacity: int):
+        CachePolicy.__init__(self, cache_capacity)
         self.held: dict[bytes, Chunk] = {}
         self.rank: dict[bytes, int] = {}
         self.idle: set[bytes] = set()

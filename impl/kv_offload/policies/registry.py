@@ -1,8 +1,6 @@
 """Policies by name: the built-in ones, names registered later, and any
 class named by its module path (an out-of-tree policy)."""
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Callable
 
