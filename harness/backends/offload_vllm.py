@@ -6,6 +6,15 @@ from __future__ import annotations
 from harness.backends.offload_base import OffloadBackend, OffloadConfig, keys_hex, stats_json
 
 
+def missing_vllm_offload() -> str | None:
+    """Why vLLM's CPU offload manager cannot be had here, or None."""
+    try:
+        import vllm.v1.kv_offload.cpu.manager  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
 class VllmOffloadBackend(OffloadBackend):
     name = "vllm"
 
@@ -57,7 +66,8 @@ class VllmOffloadBackend(OffloadBackend):
     def op_schedule_end(self, new, preempted):
         from vllm.v1.kv_offload.base import ScheduleEndContext
 
-        self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=new, preempted_req_ids=preempted))
+        self.manager.on_schedule_end(
+            ScheduleEndContext(new_req_ids=new, preempted_req_ids=preempted))
 
     def op_take_events(self):
         return [{"keys": keys_hex(e.keys), "removed": e.removed, "medium": e.medium.value}

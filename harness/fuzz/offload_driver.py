@@ -73,7 +73,8 @@ def _model_violations(backend: OffloadBackend, model: Model, op: tuple, answer) 
 
 
 def run_program(seed: int, backends: list[OffloadBackend] | None = None,
-                length: int = PROGRAM_LENGTH, vllm_factory=None) -> tuple[int, Divergence | None, dict]:
+                length: int = PROGRAM_LENGTH,
+                vllm_factory=None) -> tuple[int, Divergence | None, dict]:
     """One program on impl and vLLM (or the given backends, reference first);
     (ops run, first divergence or None, ops by kind)."""
     rng = random.Random(seed)
@@ -85,7 +86,6 @@ def run_program(seed: int, backends: list[OffloadBackend] | None = None,
     gen = program(rng, config, length, model)
     by_op: dict[str, int] = {}
     index = 0
-    answer = None
     try:
         op = next(gen)
         while True:
@@ -148,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seconds is None and args.programs is None:
         args.programs = 50
-    try:
-        import vllm.v1.kv_offload.cpu.manager  # noqa: F401
-    except ImportError as e:
-        print(f"offload fuzz: vLLM's offload manager cannot be imported: {e}", file=sys.stderr)
+    from harness.backends.offload_vllm import missing_vllm_offload
+
+    missing = missing_vllm_offload()
+    if missing:
+        print(f"offload fuzz: vLLM's offload manager cannot be imported: {missing}",
+              file=sys.stderr)
         return ExitCode.ENVIRONMENT
     result = fuzz(args.seed, args.seconds, args.programs, stop_at_first=False)
     rate = result.ops / result.seconds if result.seconds else 0.0

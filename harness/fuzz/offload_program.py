@@ -112,7 +112,8 @@ def program(rng: random.Random, config: OffloadConfig, length: int,
             yield ("complete_load", name, list(reversed(keys)) if rng.random() < 0.3 else keys)
         elif kind == "touch":
             done += 1
-            yield ("touch", req.name, rng.sample(req.keys, rng.randrange(1, min(4, len(req.keys)) + 1)))
+            many = rng.randrange(1, min(4, len(req.keys)) + 1)
+            yield ("touch", req.name, rng.sample(req.keys, many))
         elif kind == "store":
             start = rng.randrange(len(req.keys))
             keys = req.keys[start:start + rng.randrange(1, 2 * config.num_chunks + 2)]

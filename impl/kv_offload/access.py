@@ -2,7 +2,7 @@
 policy learns of them once, in prefix order, at the end (specs/KV_OFFLOAD.md,
 on_request_finished)."""
 
-from dataclasses import field, dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True, eq=False)

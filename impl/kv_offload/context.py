@@ -2,7 +2,7 @@
 its token sequence (when the scheduler recorded it), and a scratch slot per
 value type where a manager keeps its per-request record."""
 
-from dataclasses import field, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 

@@ -11,8 +11,8 @@ from impl.kv_offload.keys import key_group_idx
 from impl.kv_offload.policies.registry import PolicyRegistry
 from impl.kv_offload.results import (
     LookupResult,
-    OffloadPolicy,
     OffloadEvent,
+    OffloadPolicy,
     RequestOffloadingContext,
     StorePlan,
 )
@@ -30,7 +30,8 @@ class CPUOffloadingManager:
         self.events: list[OffloadEvent] | None = [] if enable_events else None
         self.store_threshold = store_threshold
         # Offers are counted only when a threshold can hold a store back.
-        self.offers = OfferCounter(store_threshold, max_tracker_size) if store_threshold >= 2 else None
+        self.offers = (OfferCounter(store_threshold, max_tracker_size)
+                       if store_threshold >= 2 else None)
         self.handed_out = 0          # slots 0..handed_out-1 have been used once
         self.free_slots: list[int] = []  # freed slots, the last freed reused first
         self.num_evictable = 0       # held chunks with ref_cnt 0

@@ -1,7 +1,7 @@
 """The manager's answers: a lookup's verdict, a store's plan, an event."""
 
+import dataclasses
 import enum
-from dataclasses import field, dataclass
 
 
 class LookupResult(enum.Enum):
@@ -20,25 +20,25 @@ class OffloadPolicy(enum.Enum):
     REQUEST_LEVEL = "request"
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class RequestOffloadingContext:
     policy: OffloadPolicy
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class StorePlan:
     """prepare_store's answer: the keys to write, their slots (same order),
     and the keys evicted to make room (eviction order)."""
 
-    keys_to_store: list[bytes] = field(default_factory=list)
-    chunk_ids: list[int] = field(default_factory=list)
-    evicted_keys: list[bytes] = field(default_factory=list)
+    keys_to_store: list[bytes] = dataclasses.field(default_factory=list)
+    chunk_ids: list[int] = dataclasses.field(default_factory=list)
+    evicted_keys: list[bytes] = dataclasses.field(default_factory=list)
 
 
 MEDIUM_CPU = "CPU"
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class OffloadEvent:
     keys: list[bytes]
     removed: bool

@@ -3,7 +3,7 @@ B2 remember keys recently evicted from each, and a hit on one of those ghosts
 moves the target size of T1 towards the list that would have kept it."""
 
 import collections
-from collections.abc import Iterator, Iterable
+from collections.abc import Iterable, Iterator
 
 from impl.kv_offload.chunk import Chunk
 from impl.kv_offload.policies.base import CachePolicy, prefix_order

@@ -1,7 +1,7 @@
 """What the manager asks of a replacement policy. A policy holds the chunks
 by key and decides evictions; the manager owns ref counts and slots."""
 
-from collections.abc import Sequence, Iterable
+from collections.abc import Iterable, Sequence
 
 from impl.kv_offload.chunk import Chunk
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-import pytest
+import vllm.v1.kv_offload.cpu.manager  # noqa: E402,F401  (fail loudly without vLLM)
 
 from harness.backends.offload_base import OffloadConfig, key_of
 from harness.backends.offload_impl import ImplOffloadBackend
@@ -16,8 +16,6 @@ from harness.fuzz.offload_program import Model, draw_config, program
 from impl.kv_offload.invariants import violations
 from impl.kv_offload.policies.arc import ARCCachePolicy
 from impl.kv_offload.policies.lru import LRUCachePolicy
-
-import vllm.v1.kv_offload.cpu.manager  # noqa: E402,F401  (fail loudly without vLLM)
 
 PROGRAMS = 40
 
