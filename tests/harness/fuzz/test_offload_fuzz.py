@@ -109,3 +109,19 @@ def test_invariants_catch_a_lost_slot_and_a_pinned_eviction():
     backend.manager.policy.held[k1].ref_cnt = 0  # the planted bug: a lost pin
     found = offload_driver._model_violations(backend, model, ("lookup", "b", k3), None)
     assert any("pinned 1x" in line for line in found)
+
+
+def test_negative_control_arc_forgets_its_ghosts(monkeypatch):
+    # The bug: evicted keys are not remembered in B1/B2.
+    real = ARCCachePolicy.evict
+
+    def evict_without_ghosts(self, n, protected):
+        victims = real(self, n, protected)
+        for key, _ in victims or ():
+            self.b1.pop(key, None)
+            self.b2.pop(key, None)
+        return victims
+
+    monkeypatch.setattr(ARCCachePolicy, "evict", evict_without_ghosts)
+    div = _first_divergence()
+    assert div is not None and div.config.cache_policy == "arc"
