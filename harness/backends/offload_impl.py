@@ -26,6 +26,9 @@ class ImplOffloadBackend(OffloadBackend):
     def op_lookup(self, req, key):
         return self.manager.lookup(key, self.ctx(req)).name
 
+    def op_load_source(self, req, key):
+        return self.manager.get_load_source(key, self.ctx(req))
+
     def op_prepare_load(self, req, keys):
         return self.manager.prepare_load(keys, self.ctx(req))
 

@@ -40,6 +40,9 @@ class VllmOffloadBackend(OffloadBackend):
     def op_lookup(self, req, key):
         return self.manager.lookup(key, self.ctx(req)).name
 
+    def op_load_source(self, req, key):
+        return self.manager.get_load_source(key, self.ctx(req)).name.lower()
+
     def op_prepare_load(self, req, keys):
         return [int(x) for x in self.manager.prepare_load(keys, self.ctx(req)).block_ids]
 

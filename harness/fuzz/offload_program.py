@@ -101,6 +101,9 @@ def program(rng: random.Random, config: OffloadConfig, length: int,
                 if (yield ("lookup", req.name, k)) != "HIT":
                     break
                 hits.append(k)
+            if hits and rng.random() < 0.3:
+                done += 1
+                yield ("load_source", req.name, hits[0])
             if hits:
                 # In the model before the call, so the invariants see the pin.
                 model.loads.append((req.name, hits))

@@ -10,6 +10,7 @@ from impl.kv_offload.chunk import Chunk
 from impl.kv_offload.keys import key_group_idx
 from impl.kv_offload.policies.registry import PolicyRegistry
 from impl.kv_offload.results import (
+    HIT_SOURCE_HOST,
     LookupResult,
     OffloadEvent,
     OffloadPolicy,
@@ -85,6 +86,10 @@ class CPUOffloadingManager:
         if chunk is None:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
+
+    def get_load_source(self, key: bytes, req_context) -> str:
+        # Where a hit's data comes from, for the hit-source metrics: host memory.
+        return HIT_SOURCE_HOST
 
     def prepare_load(self, keys: Collection[bytes], req_context) -> list[int]:
         ids = []

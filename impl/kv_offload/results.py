@@ -36,6 +36,8 @@ class StorePlan:
 
 
 MEDIUM_CPU = "CPU"
+# The tier a CPU hit is counted under (get_load_source).
+HIT_SOURCE_HOST = "host"
 
 
 @dataclasses.dataclass(slots=True)

@@ -81,6 +81,11 @@ class CPUOffloadingManager(imanager.CPUOffloadingManager):
 
         return LookupResult[super().lookup(key, req_context).name]
 
+    def get_load_source(self, key, req_context):
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        return CacheHitSource[super().get_load_source(key, req_context).upper()]
+
     def on_new_request(self, req_context):
         from vllm.v1.kv_offload.base import OffloadPolicy, RequestOffloadingContext
 
