@@ -71,6 +71,10 @@ def _entries():
 
     for name in sizing.HISPARSE_LAYOUT_REBOUND:
         pairs.append((getattr(vhl, name), getattr(sizing, name)))
+    # The CPU offload tier (tests/v1/kv_offload/cpu/).
+    from harness.peer.adapters import offload
+
+    pairs.extend(offload.rebound())
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     import impl.mamba_checkpoint as imc
 
