@@ -292,3 +292,40 @@ def fuzz_case(name: str, r) -> Case:
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
     return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
+
+
+# -- the worker differential (harness/sources/worker.py) -------------------------------------
+
+
+def _worker_case(name: str, o) -> Case:
+    code = ExitCode.DIVERGED if o.divergence else ExitCode.OK
+    mode = f"worker {o.steps} steps"
+    if o.cp_slot_steps:
+        mode += f", cp slots {o.cp_slot_steps}"
+    return Case(name, "worker", mode, o.events, o.seconds, code,
+                f"{name}: {o.divergence}" if o.divergence else "")
+
+
+def run_worker_trace(path: str) -> Case:
+    """The worker block tables and slot mappings of a trace, vLLM's against impl's."""
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.trace.reader import open_trace
+
+    trace = open_trace(path)
+    backend = ImplBackend(trace.header.cache, trace.profile)
+    pairs = ((r.event, backend.run(r.event), r.line) for r in trace.records)
+    return _worker_case(f"{case_name(path)}[worker]",
+                        check_worker(case_name(path), trace.header.cache, pairs, backend))
+
+
+def run_worker_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.sources.workload import drive
+
+    backend = ImplBackend(case.config, profile)
+    pairs = ((ev, ans, i + 1) for i, (ev, ans) in
+             enumerate(drive(_workload_stream(case, profile), backend.run)))
+    return _worker_case(f"{case.name}[worker]",
+                        check_worker(case.name, case.config, pairs, backend))
