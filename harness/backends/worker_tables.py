@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.core.cache_config import CacheConfig
 from impl.worker.block_table import SlotMappingMode
-from impl.worker.kernel_blocks import kernel_block_table
+from impl.worker import kernel_blocks
 from impl.worker.multi_group import MultiGroupBlockTable
 from impl.worker.slot_mapping import ContextParallel
 
@@ -118,5 +118,5 @@ class ImplWorkerTables:
 
     def kernel_table(self, group: int, num_reqs: int) -> np.ndarray:
         table = self.tables[group]
-        return kernel_block_table(table.table[:num_reqs], table.block_size,
+        return kernel_blocks.kernel_block_table(table.table[:num_reqs], table.block_size,
                                   self.layout.kernel_block_sizes[group])

@@ -12,6 +12,9 @@ the Cases into its table, JUnit and summary.
   the free queue after every free and preemption, and the KV events must be
   identical.
 - fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+- worker: each trace and workload drives vLLM's and impl's worker block
+  tables as the model runner does; tables, slot mappings and kernel block
+  tables must be identical at every step (harness/sources/worker.py).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ TOO_FEW_CASES = "TOO FEW CASES"
 @dataclass(slots=True)
 class Case:
     name: str
-    kind: str  # trace | workload | fuzz
+    kind: str  # trace | workload | fuzz | worker
     mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
     events: int
     seconds: float

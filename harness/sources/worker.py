@@ -10,7 +10,9 @@ scheduler output: a successful `allocate` with tokens schedules its request
 request that was not in the batch brings every block it holds (new, resumed
 after preemption, or back after a step out), one in the batch its new block
 ids. `free` and `preempt` take a request out of the batch at the next step
-(a request preempted in the step it was scheduled in leaves that step).
+(a request preempted in the step it was scheduled in leaves that step; one
+freed in the step it was scheduled in ran first: the step's batch so far is
+handed out before it leaves).
 """
 
 from __future__ import annotations
@@ -104,8 +106,13 @@ def scheduler_steps(pairs: Iterable[tuple[Event, dict, int]], backend: ImplBacke
                 s.num_tokens += ev.num_new_tokens
                 s.held = backend.block_table(ev.req)
                 s.new = [a + b for a, b in zip(s.new, new)]
+        elif isinstance(ev, Free) and ev.req in scheduled:
+            # It finished after this step's forward pass: the batch ran first.
+            yield SchedulerStep(step, line, leaving, scheduled, first)
+            leaving, scheduled, first = [ev.req], {}, set()
+            seen.discard(ev.req)
         elif isinstance(ev, (Free, Preempt)):
-            scheduled.pop(ev.req, None)
+            scheduled.pop(ev.req, None)  # preempted before the forward pass
             leaving.append(ev.req)
             if isinstance(ev, Free):
                 seen.discard(ev.req)  # a later request of that name is new
@@ -175,6 +182,8 @@ class WorkerCheck:
                 got = zip(ref.slot_mappings(g, n, qsl, positions),
                           other.slot_mappings(g, n, qsl, positions), ranks)
                 for x, y, cp in got:
+                    if x.shape != y.shape:
+                        return self._say(s, g, 0, "number of slots", x.shape, y.shape)
                     if not np.array_equal(x, y):
                         t = int(np.argmax(x != y))
                         where = ("" if cp.world_size == 1 else
@@ -185,6 +194,8 @@ class WorkerCheck:
                                          int(x[t]), int(y[t]))
             if self.layout.kernel_block_sizes[g] is not None and n:
                 x, y = ref.kernel_table(g, n), other.kernel_table(g, n)
+                if x.shape != y.shape:
+                    return self._say(s, g, 0, "kernel block table shape", x.shape, y.shape)
                 if not np.array_equal(x, y):
                     row, col = (int(v) for v in np.argwhere(x != y)[0])
                     return self._say(s, g, row, f"kernel block table entry {col} (kernel "
@@ -230,10 +241,25 @@ def check_worker(label: str, cache: CacheConfig, pairs: Iterable[tuple[Event, di
                  backend: ImplBackend) -> WorkerOutcome:
     """Drive both sides' worker tables from the events; the first difference
     ends the run."""
-    from harness.backends.vllm_worker import VllmWorkerTables
+    import torch
 
     out = WorkerOutcome(label)
     t0 = time.perf_counter()
+    # vLLM's CPU slot-mapping op spreads a batch of a few tokens over every
+    # thread: 50 times slower than on one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _run_steps(out, cache, pairs, backend)
+    finally:
+        torch.set_num_threads(threads)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _run_steps(out: WorkerOutcome, cache: CacheConfig, pairs, backend: ImplBackend) -> None:
+    from harness.backends.vllm_worker import VllmWorkerTables
+
     layout = WorkerLayout.of(cache, MAX_NUM_REQS)
     check = WorkerCheck(layout, [VllmWorkerTables(layout), ImplWorkerTables(layout)])
     prompt_len: dict[str, int] = {}
@@ -247,6 +273,4 @@ def check_worker(label: str, cache: CacheConfig, pairs: Iterable[tuple[Event, di
         out.table_seconds += time.perf_counter() - t
         if out.divergence:
             break
-    out.seconds = time.perf_counter() - t0
-    return out
 
