@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.core.cache_config import CacheConfig
-from impl.worker.block_table import SlotMappingMode
 from impl.worker import kernel_blocks
+from impl.worker.block_table import SlotMappingMode
 from impl.worker.multi_group import MultiGroupBlockTable
 from impl.worker.slot_mapping import ContextParallel
 

@@ -97,7 +97,8 @@ def test_a_trace_with_a_model_header_is_also_an_attention_case(tmp_path, capsys)
     code, out, cases = _attention_gate(tmp_path, capsys)
     assert code == 0, out
     assert set(cases) == {"engine-multi-turn-chat.jsonl",
-                          "engine-multi-turn-chat.jsonl[attention]"}
+                          "engine-multi-turn-chat.jsonl[attention]",
+                          "engine-multi-turn-chat.jsonl[worker]"}
     row = next(r for r in out.splitlines() if " attention " in r)
     assert row.split()[-1] == "conformant" and int(row.split()[-3]) > 0  # query tokens
 

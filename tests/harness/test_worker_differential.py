@@ -11,7 +11,7 @@ import impl.worker.block_table as impl_table
 import impl.worker.kernel_blocks as impl_kernel_blocks
 from harness.core.exit_codes import ExitCode
 from harness.gate.cases import run_worker_trace
-from impl.worker.slot_mapping import ContextParallel
+from impl.worker.slot_mapping import NO_CONTEXT_PARALLEL, ContextParallel
 
 SWAPS = "traces/golden/v0.32/multi-turn-chat.jsonl"  # decode-first reorder swaps rows
 CP = "traces/scenarios/context-parallel.yaml"  # DCP 2, blocks of 4
@@ -44,7 +44,7 @@ def test_swapped_row_is_caught(monkeypatch):
 def test_off_by_one_interleave_is_caught(monkeypatch):
     right = impl_table.compute_slots
 
-    def off_by_one(table, block_size, rows, positions, cp=ContextParallel()):
+    def off_by_one(table, block_size, rows, positions, cp=NO_CONTEXT_PARALLEL):
         if cp.world_size > 1:
             cp = ContextParallel(cp.world_size, cp.rank, cp.interleave + 1)
         return right(table, block_size, rows, positions, cp)
