@@ -16,6 +16,9 @@ the Cases into its table, JUnit and summary.
   trace with a `model` header and every seeded workload's config.
 - fuzz: a differential fuzz campaign (harness/fuzz/campaign.py), or a campaign
   of random model shapes sized on both sides (harness/fuzz/sizing.py).
+- worker: each trace and workload drives vLLM's and impl's worker block
+  tables as the model runner does; tables, slot mappings and kernel block
+  tables must be identical at every step (harness/sources/worker.py).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def gate_exit_code(cases) -> ExitCode:
 @dataclass(slots=True)
 class Case:
     name: str
-    kind: str  # trace | workload | sizing | fuzz
+    kind: str  # trace | workload | sizing | fuzz | worker
     mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
     events: int
     seconds: float
@@ -350,3 +353,40 @@ def fuzz_case(name: str, r) -> Case:
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
     return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
+
+
+# -- the worker differential (harness/sources/worker.py) -------------------------------------
+
+
+def _worker_case(name: str, o) -> Case:
+    code = ExitCode.DIVERGED if o.divergence else ExitCode.OK
+    mode = f"worker {o.steps} steps"
+    if o.cp_slot_steps:
+        mode += f", cp slots {o.cp_slot_steps}"
+    return Case(name, "worker", mode, o.events, o.seconds, code,
+                f"{name}: {o.divergence}" if o.divergence else "")
+
+
+def run_worker_trace(path: str) -> Case:
+    """The worker block tables and slot mappings of a trace, vLLM's against impl's."""
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.trace.reader import open_trace
+
+    trace = open_trace(path)
+    backend = ImplBackend(trace.header.cache, trace.profile)
+    pairs = ((r.event, backend.run(r.event), r.line) for r in trace.records)
+    return _worker_case(f"{case_name(path)}[worker]",
+                        check_worker(case_name(path), trace.header.cache, pairs, backend))
+
+
+def run_worker_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.sources.workload import drive
+
+    backend = ImplBackend(case.config, profile)
+    pairs = ((ev, ans, i + 1) for i, (ev, ans) in
+             enumerate(drive(_workload_stream(case, profile), backend.run)))
+    return _worker_case(f"{case.name}[worker]",
+                        check_worker(case.name, case.config, pairs, backend))

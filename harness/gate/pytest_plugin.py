@@ -7,6 +7,10 @@ is diffed (impl and vLLM side by side, recorded answers and expectations
 checked), a trace of another version is replayed on impl with its profile. A
 failure's text is the divergence report.
 
+Every trace is also a worker case (`NAME[worker]`): vLLM's worker block
+tables and slot mappings driven by its answers, against impl's
+(harness/sources/worker.py); so is every seeded workload.
+
 A trace with a `model` header is also an attention case (`NAME[attention]`):
 the attention-output differential (harness/attention/differential.py), a
 divergence a failure, bad input or an environment without vLLM's attention
@@ -175,6 +179,7 @@ class TraceFile(pytest.File):
             yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
         if has_model:
             yield TraceSizingItem.from_parent(self, name=f"{self.path.name}[sizing]")
+        yield WorkerItem.from_parent(self, name=f"{self.path.name}[worker]")
 
 
 class TraceItem(_CaseItem):
@@ -282,6 +287,35 @@ class WorkloadSizingItem(_CaseItem):
         return "workload", None, f"sizing {self.name}"
 
 
+class WorkerItem(_CaseItem):
+    """The worker block tables and slot mappings of a trace, vLLM's against
+    impl's (harness/sources/worker.py)."""
+
+    _kind = "worker"
+
+    def _run(self):
+        from harness.gate.cases import run_worker_trace
+
+        return run_worker_trace(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"worker {self.path}"
+
+
+class WorkerWorkloadItem(_CaseItem):
+    _kind = "worker"
+
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.gate.cases import WORKLOADS, run_worker_workload
+
+        case = next(c for c in WORKLOADS if f"{c.name}[worker]" == self.name)
+        return run_worker_workload(case, installed_vllm_profile())
+
+    def reportinfo(self):
+        return "workload", None, f"worker {self.name}"
+
+
 class WorkloadItem(_CaseItem):
     _kind = "workload"
     def _run(self):
@@ -332,6 +366,8 @@ def pytest_collection_modifyitems(session, config, items):
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
         items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
+                     for c in WORKLOADS)
+        items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
                      for c in WORKLOADS)
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
         from harness.backends.vllm_backend import installed_vllm_profile

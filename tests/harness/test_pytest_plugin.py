@@ -21,11 +21,13 @@ def test_collects_every_bundled_trace():
     shapes = [c for c in collected if c.startswith("traces/sizing/")]
     collected = [c for c in collected if not c.startswith("traces/sizing/")]
     assert len(shapes) >= 40
-    # Each trace once, and again as an attention case and as a sizing case
-    # when it has a model header.
+    # Each trace once, again as a worker case, and as an attention case and a
+    # sizing case when it has a model header.
     with_model = [p for p in traces if open_trace(str(p)).header.model is not None]
-    assert len([c for c in collected if not c.endswith(("[attention]", "[sizing]"))]) == len(
-        traces) >= 14
+    plain = [c for c in collected if not c.endswith(("[attention]", "[sizing]", "[worker]"))]
+    assert len(plain) == len(traces) >= 14
+    assert sorted(c.split("::")[0] for c in collected if c.endswith("[worker]")) == sorted(
+        str(p.relative_to(ROOT)) for p in traces)
     for suffix in ("[attention]", "[sizing]"):
         assert sorted(c.split("::")[0] for c in collected if c.endswith(suffix)) == sorted(
             str(p.relative_to(ROOT)) for p in with_model)
