@@ -140,6 +140,36 @@ function digest(ids) {
   return ((total + link(prev, 1)) & M64).toString(16).padStart(16, '0');
 }
 
+// The order CPython iterates set(ids) in, for non-negative ints (hash(i) == i):
+// open addressing over a power-of-two table, 9 linear probes, then perturbed.
+function pythonSetOrder(ids) {
+  let table = new Array(8).fill(null);
+  let fill = 0;
+  const place = (t, h) => {
+    const mask = t.length - 1;
+    let i = h & mask; let perturb = h;
+    for (;;) {
+      const probes = i + 9 <= mask ? 9 : 0;
+      for (let j = 0; j <= probes; j++) if (t[i + j] === null) return i + j;
+      perturb = Math.floor(perturb / 32);
+      i = (i * 5 + 1 + perturb) & mask;
+    }
+  };
+  for (const id of ids) {
+    if (table.includes(id)) continue;
+    table[place(table, id)] = id;
+    fill++;
+    if (fill * 5 >= (table.length - 1) * 3) {
+      let size = 8;
+      while (size <= fill * 4) size *= 2;
+      const old = table.filter((x) => x !== null);
+      table = new Array(size).fill(null);
+      for (const x of old) table[place(table, x)] = x;
+    }
+  }
+  return table.filter((x) => x !== null);
+}
+
 class Rejected extends Error { constructor(msg, field) { super(msg); this.field = field || 'req'; } }
 class NotCovered extends Error {}
 
@@ -395,8 +425,8 @@ class Manager {
     return { ok: true };
   }
   op_evict_blocks(ev) {
-    // A Python set of small ints iterates in ascending order.
-    for (const id of [...new Set(ev.block_ids)].sort((a, b) => a - b)) {
+    // vLLM walks a Python set of the ids: its removal events come in that order.
+    for (const id of pythonSetOrder(ev.block_ids)) {
       if (id < 0 || id >= this.numBlocks) throw new Rejected(`no block ${id}`, 'block_ids');
       this.detach(this.blocks[id]);
     }

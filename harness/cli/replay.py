@@ -10,7 +10,7 @@ import json
 import sys
 
 from harness.backends.vllm_check import check_vllm
-from harness.cli.support import print_error, print_outcome, trace_paths
+from harness.cli.support import backend_name, print_error, print_outcome, trace_paths
 from harness.core.exit_codes import ExitCode, fail, worst
 
 
@@ -64,13 +64,6 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="OUT",
                    help="where to write it (.jsonl or .yaml; may be IN itself)")
     p.set_defaults(func=_cmd_record)
-
-
-def backend_name(value: str) -> str:
-    """impl, vllm or exec:CMD (argparse type: anything else is a usage error)."""
-    if value in ("impl", "vllm") or (value.startswith("exec:") and value[5:].strip()):
-        return value
-    raise argparse.ArgumentTypeError(f"unknown backend {value!r} (impl, vllm, exec:CMD)")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

@@ -47,6 +47,8 @@ def pytest_addoption(parser):
                     help="where fuzz findings are written")
     group.addoption("--kvconform-no-attention", action="store_true",
                     help="leave out the attention differential of traces with a model header")
+    group.addoption("--kvconform-backend", default="impl",
+                    help="what runs beside vLLM: impl or exec:CMD (specs/FOREIGN_BACKEND.md)")
 
 
 def _is_trace(path: Path) -> bool:
@@ -149,7 +151,9 @@ class _CaseItem(pytest.Item):
 class TraceFile(pytest.File):
     def collect(self):
         yield TraceItem.from_parent(self, name=self.path.name)
-        if not self.config.option.kvconform_no_attention:
+        # The attention differential runs impl's kernels: not a foreign backend's.
+        if (not self.config.option.kvconform_no_attention
+                and self.config.option.kvconform_backend == "impl"):
             from harness.attention.differential import wants_attention
 
             if wants_attention(str(self.path)):
@@ -160,7 +164,7 @@ class TraceItem(_CaseItem):
     def _run(self):
         from harness.gate.cases import run_trace
 
-        return run_trace(str(self.path))
+        return run_trace(str(self.path), self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return self.path, None, f"trace {self.path}"
@@ -186,7 +190,8 @@ class WorkloadItem(_CaseItem):
         from harness.gate.cases import WORKLOADS, run_workload
 
         case = next(c for c in WORKLOADS if c.name == self.name)
-        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out)
+        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out,
+                            self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return "workload", None, f"workload {self.name}"
@@ -222,7 +227,9 @@ def pytest_collection_modifyitems(session, config, items):
         from harness.gate.cases import WORKLOADS
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
-    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+    # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
+            getattr(opts, "kvconform_backend", "impl") == "impl"):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 
