@@ -38,6 +38,9 @@ def register(sub) -> None:
                    help="what runs beside vLLM: impl (default) or exec:CMD, a backend in "
                    "another process and any language (specs/FOREIGN_BACKEND.md): every "
                    "trace and workload its capabilities cover, no fuzz or attention cases")
+    p.add_argument("--page", metavar="DIR", help="write a result page a project can publish "
+                   "(index.md, index.html: what was checked, against which release, what "
+                   "failed) here")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "
@@ -66,7 +69,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
                     args.fuzz_out, args.junit, args.summary, args.jobs,
                     workloads=not args.no_workloads, attention=not args.no_attention,
-                    json_out=args.json, backend=args.backend)
+                    json_out=args.json, backend=args.backend, page=args.page)
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:

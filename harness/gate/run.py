@@ -188,7 +188,7 @@ def installed_against() -> Against:
 def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
              junit: str | None, summary: str | None, jobs: str, workloads: bool = True,
              attention: bool = True, json_out: str | None = None,
-             backend: str = "impl") -> ExitCode:
+             backend: str = "impl", page: str | None = None) -> ExitCode:
     from harness.backends.vllm_check import check_vllm
     from harness.core.exit_codes import fail
 
@@ -241,10 +241,22 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
     if junit:
         write_junit(junit, [(collector.item_names[n], collector.cases[n]) for n in order],
                     seconds, against)
+    if page:
+        write_page(page, cases, against, backend)
     if json_out:
         Path(json_out).write_text(json.dumps(cases_json(cases, seconds, against, code),
                                              indent=1) + "\n")
     return code
+
+
+def write_page(out_dir: str, cases: list[Case], against: Against, backend: str) -> None:
+    """The publishable result page (harness/report/results.py)."""
+    from harness.report.results import ResultRow, write_result_page
+
+    title = f"kvconform conformance: {backend}"
+    rows = [ResultRow(c.name, f"{c.kind} {c.mode}", c.exit_code, c.report or c.message,
+                      c.label) for c in cases]
+    write_result_page(out_dir, title, rows, against.describe())
 
 
 def default_paths() -> list[str]:
