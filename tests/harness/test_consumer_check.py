@@ -17,7 +17,8 @@ from harness.core.exit_codes import ExitCode
 from impl.kv_events import BlockRemoved, BlockStored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONSUMER = f"{sys.executable} {os.path.join(ROOT, 'examples', 'kv-event-consumer', 'reference_consumer.py')}"
+REFERENCE = os.path.join(ROOT, "examples", "kv-event-consumer", "reference_consumer.py")
+CONSUMER = f"{sys.executable} {REFERENCE}"
 EXAMPLE = os.path.join(ROOT, "traces", "scenarios", "documented-example.yaml")
 TWO_GROUPS = os.path.join(ROOT, "traces", "scenarios", "eagle-replicated-draft.yaml")
 
