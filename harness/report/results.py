@@ -44,7 +44,7 @@ def _headline(rows: list[ResultRow]) -> str:
 def result_markdown(title: str, rows: list[ResultRow], against: str = "") -> str:
     lines = [f"# {title}", "", f"**{_headline(rows)}**", ""]
     if against:
-        lines += [f"Checked against {against}.", ""]
+        lines += [f"Checked: {against}.", ""]
     lines += ["| case | mode | result |", "|---|---|---|"]
     lines += [f"| `{r.case}` | {r.mode} | {r.shown} |" for r in rows]
     failed = [r for r in rows if r.exit_code != ExitCode.OK]
@@ -59,7 +59,7 @@ def result_html(title: str, rows: list[ResultRow], against: str = "") -> str:
     e = html.escape
     body = [f"<h1>{e(title)}</h1>", f"<p><strong>{e(_headline(rows))}</strong></p>"]
     if against:
-        body.append(f"<p>Checked against {e(against)}.</p>")
+        body.append(f"<p>Checked: {e(against)}.</p>")
     body.append("<table><tr><th>case</th><th>mode</th><th>result</th></tr>")
     for r in rows:
         cls = "ok" if r.exit_code == ExitCode.OK else "bad"
