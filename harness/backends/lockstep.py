@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.backends.base import Backend, BackendError
+from harness.backends.base import Backend, BackendError, BackendStopped
 from harness.core.compare import Failure, FailureKind, first_difference
 from harness.core.events import Event, EventStream
 from impl.invariants import InvariantViolation
@@ -66,6 +66,8 @@ def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> di
     answer, or the Failure that ends the run."""
     try:
         answer = reference.run(event)
+    except BackendStopped:
+        raise
     except InvariantViolation as e:
         return _invariant(event, {}, reference, e)
     except Exception as e:  # noqa: BLE001 - whatever the reference raises is its verdict
@@ -73,6 +75,8 @@ def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> di
     for other in others:
         try:
             theirs = other.run(event)
+        except BackendStopped:
+            raise
         except InvariantViolation as e:
             return _invariant(event, {reference.name: answer}, other, e)
         except Exception as e:  # noqa: BLE001 - the reference answered; this one did not

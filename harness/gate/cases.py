@@ -51,6 +51,8 @@ def gate_exit_code(cases) -> ExitCode:
     environment's when it could run none."""
     counted = [c.exit_code for c in cases if not c.not_run_here]
     return worst(counted) if counted else ExitCode.ENVIRONMENT
+# A case outside a foreign backend's capabilities (specs/FOREIGN_BACKEND.md).
+NOT_COVERED = "not covered by "
 
 
 @dataclass(slots=True)
@@ -65,12 +67,17 @@ class Case:
     message: str = ""  # the report's one line (JUnit's message); "" when conformant
     # A trace that lacks its end (header `truncated`): a pass says so.
     truncated: bool = False
-    # A verdict more telling than the exit code's (TOO_FEW_CASES).
+    # A verdict more telling than the exit code's (TOO_FEW_CASES, "not
+    # covered by exec:CMD").
     label: str = ""
     # What this machine lacks to run the case (an instruction set): the case
     # is reported (ENVIRONMENT, a JUnit <skipped>) but does not decide the
     # run's exit code, so that which processor CI lands on decides nothing.
     not_run_here: str = ""
+
+    @property
+    def not_covered(self) -> bool:
+        return self.label.startswith(NOT_COVERED)
 
     @property
     def verdict(self) -> str:
@@ -180,13 +187,18 @@ WORKLOADS: list[WorkloadCase] = [
 # -- running one case ------------------------------------------------------------------------
 
 
-def run_trace(path: str) -> Case:
-    from harness.report.text import format_failure
+def run_trace(path: str, backend: str = "impl") -> Case:
+    """The trace diffed (vLLM and `backend`: impl, or a foreign exec:CMD),
+    or replayed on `backend` when recorded for another release."""
+    from harness.report.text import format_failure, verdict_of
     from harness.sources.replay import check_trace
 
-    o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
-    if o.skipped:  # recorded for another vLLM version: impl replays it
-        o, mode = check_trace(path, ["impl"]), f"replay {o.profile}"
+    o, mode = check_trace(path, ["vllm", backend], explicit=False), "diff"
+    if o.skipped:  # recorded for another vLLM version: the backend replays it
+        o, mode = check_trace(path, [backend]), f"replay {o.profile}"
+    if o.not_covered:
+        return Case(case_name(path), "trace", mode, o.num_events, o.seconds, ExitCode.OK,
+                    message=o.not_covered, label=verdict_of(o))
     report = ""
     if o.error is not None:
         report = str(o.error)
@@ -207,20 +219,44 @@ def _workload_stream(case: WorkloadCase, profile: VersionProfile):
                              drain_copies=case.config.fine_grained_hits(profile)).events()
 
 
-def run_workload(case: WorkloadCase, profile: VersionProfile,
-                 out_dir: str | None = None) -> Case:
-    """The workload in lockstep on vLLM and impl. A divergence is also written
-    as a trace (in out_dir, when given) to replay or bisect."""
+def _other_backend(case: WorkloadCase, profile: VersionProfile, backend: str):
     from harness.backends.impl_backend import ImplBackend
+
+    if backend == "impl":
+        return ImplBackend(case.config, profile)
+    from harness.backends.exec_backend import PREFIX, ExecBackend
+    from harness.backends.vllm_backend import installed_vllm_version
+    from harness.trace.codec import cache_to_dict, event_to_dict
+
+    return ExecBackend(backend[len(PREFIX):], case.config, profile, cache_to_dict(case.config),
+                       installed_vllm_version(), event_to_dict)
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile,
+                 out_dir: str | None = None, backend: str = "impl") -> Case:
+    """The workload in lockstep on vLLM and `backend` (impl, or exec:CMD). A
+    divergence is also written as a trace (in out_dir, when given) to replay
+    or bisect."""
+    from harness.backends.base import BackendStopped
     from harness.backends.lockstep import run_lockstep
     from harness.backends.vllm_backend import VllmBackend
     from harness.report.text import format_failure
 
     t0 = time.perf_counter()
-    result = run_lockstep(
-        _workload_stream(case, profile),
-        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
-    )
+    other = None
+    try:
+        other = _other_backend(case, profile, backend)
+        result = run_lockstep(_workload_stream(case, profile),
+                              [VllmBackend(case.config, profile), other])
+    except BackendStopped as e:
+        seconds = time.perf_counter() - t0
+        if e.exit_code == ExitCode.OK:  # not covered
+            return Case(case.name, "workload", "lockstep", 0, seconds, ExitCode.OK,
+                        message=str(e), label=str(e).rsplit(": ", 1)[0])
+        return Case(case.name, "workload", "lockstep", 0, seconds, e.exit_code, str(e))
+    finally:
+        if other is not None:
+            other.close()
     f = result.failure
     report = ""
     if f is not None:

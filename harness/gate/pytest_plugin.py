@@ -55,6 +55,8 @@ def pytest_addoption(parser):
                     help="where fuzz findings are written")
     group.addoption("--kvconform-no-attention", action="store_true",
                     help="leave out the attention differential of traces with a model header")
+    group.addoption("--kvconform-backend", default="impl",
+                    help="what runs beside vLLM: impl or exec:CMD (specs/FOREIGN_BACKEND.md)")
 
 
 def _is_trace(path: Path) -> bool:
@@ -174,6 +176,10 @@ class TraceFile(pytest.File):
         from harness.attention.differential import wants_attention
 
         yield TraceItem.from_parent(self, name=self.path.name)
+        # Attention, sizing and the worker tables check impl against vLLM: a
+        # foreign backend (exec:CMD) answers the trace's events only.
+        if self.config.option.kvconform_backend != "impl":
+            return
         has_model = wants_attention(str(self.path))
         if has_model and not self.config.option.kvconform_no_attention:
             yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
@@ -186,7 +192,7 @@ class TraceItem(_CaseItem):
     def _run(self):
         from harness.gate.cases import run_trace
 
-        return run_trace(str(self.path))
+        return run_trace(str(self.path), self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return self.path, None, f"trace {self.path}"
@@ -323,7 +329,8 @@ class WorkloadItem(_CaseItem):
         from harness.gate.cases import WORKLOADS, run_workload
 
         case = next(c for c in WORKLOADS if c.name == self.name)
-        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out)
+        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out,
+                            self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return "workload", None, f"workload {self.name}"
@@ -365,11 +372,14 @@ def pytest_collection_modifyitems(session, config, items):
         from harness.gate.cases import WORKLOADS
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
-        items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
-                     for c in WORKLOADS)
-        items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
-                     for c in WORKLOADS)
-    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+        if getattr(opts, "kvconform_backend", "impl") == "impl":
+            items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
+                         for c in WORKLOADS)
+            items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
+                         for c in WORKLOADS)
+    # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
+            getattr(opts, "kvconform_backend", "impl") == "impl"):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 
