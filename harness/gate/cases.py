@@ -36,6 +36,15 @@ VERDICTS = {ExitCode.OK: "conformant", ExitCode.DIVERGED: "DIVERGED",
 # A fuzz campaign whose time ran out before it checked enough to mean anything
 # (harness/fuzz/campaign.py MIN_CASES): the machine's problem, exit 3.
 TOO_FEW_CASES = "TOO FEW CASES"
+# A finding in vLLM itself (FailureKind.UPSTREAM): exit 1 like a divergence,
+# named apart in the table, the summary and JUnit.
+UPSTREAM = "UPSTREAM"
+
+
+def _label(failure) -> str:
+    from harness.core.compare import FailureKind
+
+    return UPSTREAM if failure is not None and failure.kind is FailureKind.UPSTREAM else ""
 
 
 @dataclass(slots=True)
@@ -174,7 +183,7 @@ def run_trace(path: str) -> Case:
     if o.truncated and not report:
         report = f"{o.path}: conformant as far as it goes; it lacks its end: {o.truncated}"
     return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report,
-                truncated=o.truncated is not None)
+                truncated=o.truncated is not None, label=_label(o.divergence))
 
 
 def _workload_stream(case: WorkloadCase, profile: VersionProfile):
@@ -198,7 +207,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
     t0 = time.perf_counter()
     result = run_lockstep(
         _workload_stream(case, profile),
-        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
+        [VllmBackend(case.config, profile, check=True), ImplBackend(case.config, profile)],
     )
     f = result.failure
     report = ""
@@ -217,7 +226,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
                 report += (f"\nbisect it: kvconform bisect {path} --from "
                            f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
     return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
-                ExitCode.OK if f is None else f.exit_code, report)
+                ExitCode.OK if f is None else f.exit_code, report, label=_label(f))
 
 
 def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
@@ -291,4 +300,5 @@ def fuzz_case(name: str, r) -> Case:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
-    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
+    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report,
+                label=_label(f.failure))
