@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from harness.backends.base import Backend, BackendError
+from harness.backends.vllm_invariants import UpstreamViolation
 from harness.core.compare import Failure, FailureKind, first_difference
 from harness.core.events import Event, EventStream
-from harness.backends.vllm_invariants import UpstreamViolation
 from impl.invariants import InvariantViolation
 
 # How a backend is named in a one-line rejection.
