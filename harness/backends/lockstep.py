@@ -10,9 +10,9 @@ reference's answer (a dict: every backend gave the same one) or a Failure
 - impl's InvariantViolation (ImplBackend(check=True))     -> INVARIANT
 - BackendError in the reference (the driver protocol cannot execute the
   call: an unknown request)                               -> REJECTED
-- any other exception in the reference that every other backend raises too
-  (vLLM's AssertionError for a call it does not accept)   -> REJECTED
-- an exception in vLLM (the reference) where another backend answers, or
+- vLLM's AssertionError or ValueError (a call it does not accept), or any
+  other exception in the reference that every other backend raises too -> REJECTED
+- any other exception in vLLM (the reference) where another backend answers, or
   vLLM's own state breaking an invariant (UpstreamViolation) -> UPSTREAM
 
 replay/diff/record (harness/sources/replay.py), the seeded workloads (run_lockstep
@@ -41,6 +41,11 @@ from impl.invariants import InvariantViolation
 
 # How a backend is named in a one-line rejection.
 _TITLES = {"vllm": "vLLM"}
+# How vLLM refuses a call it does not take (its argument asserts, its
+# ValueErrors), which trace/rules.py mirrors up front and impl need not:
+# a refusal even where impl answers. Any other exception where impl answers
+# (an IndexError, a KeyError) is a bug in vLLM.
+_REFUSALS = (AssertionError, ValueError)
 # The checkpoint field that stands for the free queue's order.
 DIGEST = "free_queue_digest"
 
@@ -70,7 +75,7 @@ def _refused(event: Event, reference: Backend, others: Sequence[Backend],
              e: Exception) -> Failure:
     """The reference raised: a rejection when every other backend refuses
     the call too (or it is the only one), else a bug in the reference."""
-    if isinstance(e, BackendError) or not others:
+    if isinstance(e, (BackendError, *_REFUSALS)) or not others:
         return _rejected(event, reference, e)
     answers = {}
     for other in others:
