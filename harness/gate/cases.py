@@ -168,9 +168,49 @@ WORKLOADS: list[WorkloadCase] = [
 # -- running one case ------------------------------------------------------------------------
 
 
+KNOWN_UPSTREAM = "known upstream bug"
+# traces/upstream/NAME.jsonl reproduces a bug of vLLM itself; NAME.bug.json
+# says which releases it affects and what vLLM does there (the exception it
+# raises): the gate reports it, neither passing nor failing the run.
+BUG_SIDECAR = ".bug.json"
+
+
+def _bug_sidecar(path: str) -> dict | None:
+    import json
+
+    side = os.path.splitext(path)[0] + BUG_SIDECAR
+    if not os.path.exists(side):
+        return None
+    with open(side, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_known_upstream(path: str, bug: dict) -> Case:
+    """The reproducer on vLLM alone: "known upstream bug" where vLLM still
+    does what the sidecar expects, "fixed in X" where it no longer does;
+    exit 0 either way."""
+    from harness.backends.vllm_backend import installed_vllm_version
+    from harness.sources.replay import check_trace
+
+    o = check_trace(path, ["vllm"], explicit=False)
+    release = installed_vllm_version().split("+")[0]
+    said = str(o.error) if o.error is not None else ""
+    reproduced = bug["expected"]["exception"] in said
+    label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
+    report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
+    if o.skipped:
+        label, report = "skipped", f"{path}: {o.skipped}"
+    return Case(case_name(path), "trace", "upstream", o.num_events, o.seconds, ExitCode.OK,
+                report, label=label)
+
+
 def run_trace(path: str) -> Case:
     from harness.report.text import format_failure
     from harness.sources.replay import check_trace
+
+    bug = _bug_sidecar(path)
+    if bug is not None:
+        return run_known_upstream(path, bug)
 
     o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
     if o.skipped:  # recorded for another vLLM version: impl replays it

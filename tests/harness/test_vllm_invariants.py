@@ -179,3 +179,32 @@ def test_a_call_both_refuse_is_still_rejected():
     f = run_lockstep([Free("nobody")], backends).failure
     assert f.kind is FailureKind.REJECTED
     assert f.exit_code == ExitCode.BAD_INPUT
+
+
+REPRO = "traces/upstream/emit-cached-block-events-mamba-eagle.jsonl"
+
+
+def test_the_gate_reports_a_known_upstream_bug_and_passes():
+    import vllm
+
+    from harness.gate.cases import KNOWN_UPSTREAM, run_trace
+
+    if not vllm.__version__.startswith("0.32.0"):
+        pytest.skip(f"the reproducer is for vLLM 0.32.0, {vllm.__version__} is installed")
+    case = run_trace(REPRO)
+    assert (case.verdict, case.exit_code) == (KNOWN_UPSTREAM, ExitCode.OK)
+    assert "IndexError" in case.report
+
+
+def test_a_bug_vllm_no_longer_shows_is_fixed_in_the_release(tmp_path):
+    import json
+    import shutil
+
+    from harness.gate.cases import run_trace
+
+    shutil.copy(REPRO, tmp_path / "bug.jsonl")
+    (tmp_path / "bug.bug.json").write_text(json.dumps(
+        {"releases_affected": ["0.1.0"], "expected": {"call": 6, "exception": "KeyError"},
+         "link": "https://example.invalid/bug"}))
+    case = run_trace(str(tmp_path / "bug.jsonl"))
+    assert case.verdict.startswith("fixed in ") and case.exit_code == ExitCode.OK
