@@ -5,8 +5,8 @@ installed vLLM (any release, through its overlay), so that a bug vLLM has
 itself, which impl faithfully follows, still breaks a run. The rules:
 
 - each block's ref_cnt equals the number of holders: the (group, request)
-  tables holding it, the pending copy-on-write pairs naming it, a sink
-  group's reserved blocks;
+  tables holding it, the pending copy-on-write pairs naming it (a sink
+  group's reserved blocks: 0, outside the free queue);
 - a block is in the free queue exactly when its ref_cnt is 0; its links
   agree both ways; num_free_blocks equals the number of unreferenced blocks;
 - a cached block's key maps to it in the hash map;
@@ -41,8 +41,6 @@ class UpstreamViolation(AssertionError):
         self.block = block
 
 
-_PAIRS = "<pending copy>"  # a holder name no request id can have
-_SINKS = "<sink>"
 
 
 class VllmPoolChecker:
@@ -63,9 +61,10 @@ class VllmPoolChecker:
         for g, group in enumerate(self._groups):
             for req, table in group.req_to_blocks.items():
                 self._adopt((g, req), list(table))
+        # A sink group's blocks (0.17-0.29) are set aside for good: ref_cnt 0
+        # and outside the free queue.
         self._reserved = self._sink_blocks()
-        for b in self._reserved:
-            self._hold(b.block_id, 1)
+        self._reserved_ids = {b.block_id for b in self._reserved}
         self._refresh_pairs()
         self._wrap(pool)
         self.check_all()
@@ -187,7 +186,7 @@ class VllmPoolChecker:
                 f"block {b.block_id} has ref_cnt {b.ref_cnt} but {holders} holder(s) "
                 "(requests' tables, pending copies) hold it", b.block_id)
         queued = b.prev_free_block is not None or b.next_free_block is not None
-        if queued != (b.ref_cnt == 0):
+        if queued != (b.ref_cnt == 0 and b.block_id not in self._reserved_ids):
             state = "in" if queued else "not in"
             raise UpstreamViolation(f"block {b.block_id} has ref_cnt {b.ref_cnt} and is "
                                     f"{state} the free queue", b.block_id)
@@ -211,7 +210,7 @@ class VllmPoolChecker:
         pool = self._pool
         queue = pool.free_block_queue
         num_free = queue.num_free_blocks
-        unreferenced = len(pool.blocks) - 1 - self._num_held
+        unreferenced = len(pool.blocks) - 1 - len(self._reserved) - self._num_held
         if num_free != unreferenced:
             raise UpstreamViolation(f"the free queue holds {num_free} blocks but "
                                     f"{unreferenced} are unreferenced")
