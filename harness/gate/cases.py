@@ -51,8 +51,20 @@ def gate_exit_code(cases) -> ExitCode:
     environment's when it could run none."""
     counted = [c.exit_code for c in cases if not c.not_run_here]
     return worst(counted) if counted else ExitCode.ENVIRONMENT
+
+
 # A case outside a foreign backend's capabilities (specs/FOREIGN_BACKEND.md).
 NOT_COVERED = "not covered by "
+
+# A finding in vLLM itself (FailureKind.UPSTREAM): exit 1 like a divergence,
+# named apart in the table, the summary and JUnit.
+UPSTREAM = "UPSTREAM"
+
+
+def _label(failure) -> str:
+    from harness.core.compare import FailureKind
+
+    return UPSTREAM if failure is not None and failure.kind is FailureKind.UPSTREAM else ""
 
 
 @dataclass(slots=True)
@@ -187,11 +199,51 @@ WORKLOADS: list[WorkloadCase] = [
 # -- running one case ------------------------------------------------------------------------
 
 
+KNOWN_UPSTREAM = "known upstream bug"
+# traces/upstream/NAME.jsonl reproduces a bug of vLLM itself; NAME.bug.json
+# says which releases it affects and what vLLM does there (the exception it
+# raises): the gate reports it, neither passing nor failing the run.
+BUG_SIDECAR = ".bug.json"
+
+
+def _bug_sidecar(path: str) -> dict | None:
+    import json
+
+    side = os.path.splitext(path)[0] + BUG_SIDECAR
+    if not os.path.exists(side):
+        return None
+    with open(side, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_known_upstream(path: str, bug: dict) -> Case:
+    """The reproducer on vLLM alone: "known upstream bug" where vLLM still
+    does what the sidecar expects, "fixed in X" where it no longer does;
+    exit 0 either way."""
+    from harness.backends.vllm_backend import installed_vllm_version
+    from harness.sources.replay import check_trace
+
+    o = check_trace(path, ["vllm"], explicit=False)
+    release = installed_vllm_version().split("+")[0]
+    said = str(o.error) if o.error is not None else ""
+    reproduced = bug["expected"]["exception"] in said
+    label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
+    report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
+    if o.skipped:
+        label, report = "skipped", f"{path}: {o.skipped}"
+    return Case(case_name(path), "trace", "upstream", o.num_events, o.seconds, ExitCode.OK,
+                report, label=label)
+
+
 def run_trace(path: str, backend: str = "impl") -> Case:
     """The trace diffed (vLLM and `backend`: impl, or a foreign exec:CMD),
     or replayed on `backend` when recorded for another release."""
     from harness.report.text import format_failure, verdict_of
     from harness.sources.replay import check_trace
+
+    bug = _bug_sidecar(path)
+    if bug is not None:
+        return run_known_upstream(path, bug)
 
     o, mode = check_trace(path, ["vllm", backend], explicit=False), "diff"
     if o.skipped:  # recorded for another vLLM version: the backend replays it
@@ -207,7 +259,7 @@ def run_trace(path: str, backend: str = "impl") -> Case:
     if o.truncated and not report:
         report = f"{o.path}: conformant as far as it goes; it lacks its end: {o.truncated}"
     return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report,
-                truncated=o.truncated is not None)
+                truncated=o.truncated is not None, label=_label(o.divergence))
 
 
 def _workload_stream(case: WorkloadCase, profile: VersionProfile):
@@ -247,7 +299,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
     try:
         other = _other_backend(case, profile, backend)
         result = run_lockstep(_workload_stream(case, profile),
-                              [VllmBackend(case.config, profile), other])
+                              [VllmBackend(case.config, profile, check=True), other])
     except BackendStopped as e:
         seconds = time.perf_counter() - t0
         if e.exit_code == ExitCode.OK:  # not covered
@@ -274,7 +326,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
                 report += (f"\nbisect it: kvconform bisect {path} --from "
                            f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
     return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
-                ExitCode.OK if f is None else f.exit_code, report)
+                ExitCode.OK if f is None else f.exit_code, report, label=_label(f))
 
 
 def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
@@ -388,7 +440,8 @@ def fuzz_case(name: str, r) -> Case:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
-    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
+    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report,
+                label=_label(f.failure))
 
 
 # -- the worker differential (harness/sources/worker.py) -------------------------------------

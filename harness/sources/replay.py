@@ -69,7 +69,7 @@ def make_impl(header: TraceHeader, profile: VersionProfile, check: bool = False)
 def make_vllm(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
     from harness.backends.vllm_backend import VllmBackend
 
-    return VllmBackend(header.cache, profile)
+    return VllmBackend(header.cache, profile, check=True)
 
 
 BACKENDS: dict[str, BackendFactory] = {"impl": make_impl, "vllm": make_vllm}
