@@ -19,7 +19,16 @@ import sys
 
 from harness.backends.vllm_backend import ASSUME_PROFILE_ENV
 from harness.cli import (
-    anonymize, capture, consumer, fuzz, gate, matrix, peer, replay, report, vectors,
+    anonymize,
+    capture,
+    consumer,
+    fuzz,
+    gate,
+    matrix,
+    peer,
+    replay,
+    report,
+    vectors,
 )
 from harness.cli.support import Parser, run_verb, version_line
 from harness.core.exit_codes import fail
