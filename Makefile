@@ -30,6 +30,10 @@ RAY_STAMP := $(VENV)/.kvconform-ray-installed
 FUZZ_SECONDS ?= 60
 FUZZ_SEED ?= 0
 FUZZ_OUT ?= fuzz-findings
+# Who answers the traces beside vLLM: impl, or a foreign implementation over
+# the JSON-lines protocol (specs/FOREIGN_BACKEND.md), e.g.
+#   make conform BACKEND=exec:examples/foreign-backend-node/backend.js
+BACKEND ?= impl
 
 # vLLM releases the tests run live, each through its overlay (ci/vllm-overlay.sh,
 # built once into .vllm-VERSION/, then cached): 0.17.1 for the tests marked
@@ -87,7 +91,8 @@ lint: install
 conform: install
 	mkdir -p .gate
 	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) --fuzz-seed $(FUZZ_SEED) \
-		--fuzz-out $(FUZZ_OUT) --junit .gate/junit.xml --summary .gate/summary.md
+		--fuzz-out $(FUZZ_OUT) --junit .gate/junit.xml --summary .gate/summary.md \
+		--backend $(BACKEND)
 
 # The gate against every followed vLLM release (impl/releases.py), each through its
 # overlay (built once from the release's wheel, then cached in .vllm-VERSION/):

@@ -136,6 +136,8 @@ def check_sizing(shape: SizingShape, profile=None, api=None) -> SizingOutcome:
     mine = impl_sizing(shape, profile, memory)
     if not resolves_block_sizes(api):
         mine.get("scheduler", {}).pop("block_sizes", None)  # the release has no such answer
+    if not api.sizing_has_capacity:
+        mine.get("scheduler", {}).pop("capacity", None)  # nor this one
     outcome = SizingOutcome(shape, theirs, mine, time.perf_counter() - t0,
                             None if "crashed" in theirs or "lacks" in theirs else
                             first_difference(_compared(theirs), _compared(mine)))

@@ -80,6 +80,14 @@ class VllmApi:
     # get_kv_cache_configs takes the whole model's groups, made first by
     # get_global_kv_cache_groups (0.33: planning through KVCacheConfigBuilder).
     sizing_groups_model_first: bool = False
+    # kv_cache_utils has get_kv_cache_capacity (0.24+): the sizing compares
+    # the scheduler's capacity only where the release computes one.
+    sizing_has_capacity: bool = False
+    # Whether impl's sizing is held to the release's: from 0.31 on (checked
+    # by the gate). Before, vLLM's auto-fitted max_model_len and its specs'
+    # max_tp_shards differ from impl's (0.17.1 and 0.26.0 measured: 11 and 12
+    # of 12 workload shapes), which the profiles do not model yet.
+    sizing_compared: bool = False
     # The private state the oracles on vLLM's pool read
     # (harness/backends/vllm_invariants.py): the hash map's dict of entries
     # (key -> block, or block id -> block for several copies), the pool's map
@@ -130,7 +138,7 @@ _then("0.21.0", admission_args=AdmissionControls.FULL_SEQUENCE.args)
 _then("0.23.0", manager_takes_scheduler_block_size=True,
       admission_args=AdmissionControls.RESERVED_BLOCKS.args, retention_interval_from="env")
 _then("0.24.0", manager_takes_watermark=True, admission_args=AdmissionControls.WATERMARK.args,
-      pool_extra_keys_attr="cached_block_hashes_by_block")
+      pool_extra_keys_attr="cached_block_hashes_by_block", sizing_has_capacity=True)
 _then("0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
       block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
       get_computed_blocks_arity=3, has_block_copies=True,
@@ -143,7 +151,7 @@ _then("0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
       retention_interval_from="kv_cache_config",
       mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
 _then("0.30.0", has_finalize_partial_tail_offloads=True, sink_blocks_attr=None)
-_then("0.31.0", manager_takes_shared_prefix_checkpoint=True,
+_then("0.31.0", sizing_compared=True, manager_takes_shared_prefix_checkpoint=True,
       spec_takes_dcp_sharded=True)
 _then("0.32.0", has_hisparse=True)
 _then("0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",

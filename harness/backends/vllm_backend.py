@@ -256,7 +256,8 @@ class VllmBackend(Backend):
             self.run = self._run_checked
 
     def _run_checked(self, event):
-        answer = Backend.run(self, event)
+        # The class's run (a subclass's or a patched one), then the checker.
+        answer = type(self).run(self, event)
         self.checker.after(getattr(event, "req", None))
         return answer
 

@@ -192,7 +192,7 @@ def vllm_sizing(shape: SizingShape, api: VllmApi, memory: list[int]) -> dict:
             answer["scheduler"]["block_sizes"] = list(ku.resolve_kv_cache_block_sizes(
                 scheduler, config))
         stage = "capacity"
-        if scheduler.kv_cache_groups:
+        if scheduler.kv_cache_groups and api.sizing_has_capacity:
             answer["scheduler"]["capacity"] = capacity(*ku.get_kv_cache_capacity(config,
                                                                                  scheduler))
     except kinds.SpecFieldMissing as e:  # the shape asks for a field this release lacks

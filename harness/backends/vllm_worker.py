@@ -19,6 +19,22 @@ import numpy as np
 
 from harness.backends.worker_tables import GroupView, WorkerLayout
 
+# The file every release overlay (ci/vllm-overlay.sh) holds at its root.
+_OVERLAY_STAMP = "KVCONFORM_OVERLAY.json"
+
+
+def overlay_in_use() -> bool:
+    """Whether the vLLM this process would import is a release overlay: its
+    KV cache code only, without the platform the worker's tables run on (the
+    worker differential runs against the installed vLLM). Imports nothing."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent.parent / _OVERLAY_STAMP).exists()
+
 
 @functools.cache
 def _overrides_registered() -> bool:

@@ -216,6 +216,11 @@ def _bug_sidecar(path: str) -> dict | None:
         return json.load(f)
 
 
+def is_known_upstream(path: str) -> bool:
+    """Whether the trace reproduces a known bug of vLLM (it has a sidecar)."""
+    return os.path.exists(os.path.splitext(path)[0] + BUG_SIDECAR)
+
+
 def run_known_upstream(path: str, bug: dict) -> Case:
     """The reproducer on vLLM alone: "known upstream bug" where vLLM still
     does what the sidecar expects, "fixed in X" where it no longer does;
@@ -361,10 +366,22 @@ def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
     return path
 
 
+def _sizing_not_compared() -> str | None:
+    """Why the installed (or overlay) release's sizing is not compared with
+    impl's, or None (harness/backends/vllm_api.py `sizing_compared`)."""
+    from harness.backends.vllm_backend import installed_vllm_api, installed_vllm_version
+
+    if installed_vllm_api().sizing_compared:
+        return None
+    return f"not compared on {installed_vllm_version()} (sizing is held from 0.31 on)"
+
+
 def run_sizing(name: str, shape) -> Case:
     """A model shape (harness/core/sizing_shape.py) sized by vLLM and impl."""
     from harness.backends.sizing import check_sizing
 
+    if (reason := _sizing_not_compared()) is not None:
+        return Case(name, "sizing", "-", 0, 0.0, ExitCode.OK, label=reason)
     o = check_sizing(shape)
     # Its "events" are the fields of the KV cache config compared.
     return Case(name, "sizing", o.mode(), o.num_fields, o.seconds, o.exit_code, o.report())
@@ -413,6 +430,8 @@ def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_con
     """A fuzz slice of random model shapes, each sized by vLLM and impl."""
     from harness.fuzz.sizing import fuzz_sizing
 
+    if (reason := _sizing_not_compared()) is not None:
+        return Case(name, "fuzz", "-", 0, 0.0, ExitCode.OK, label=reason)
     r = fuzz_sizing(seconds, seed, fuzz_config, out_dir, min_cases)
     mode = f"{r.cases} shapes, {r.refused} refused alike"
     if r.vllm_crashed:

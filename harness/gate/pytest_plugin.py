@@ -171,21 +171,33 @@ class _CaseItem(pytest.Item):
         return super()._repr_failure_py(excinfo, style)
 
 
+def _worker_runs() -> bool:
+    """The worker differential runs against the installed vLLM, not a release
+    overlay (which has no platform for the worker's tables)."""
+    from harness.backends.vllm_worker import overlay_in_use
+
+    return not overlay_in_use()
+
+
 class TraceFile(pytest.File):
     def collect(self):
         from harness.attention.differential import wants_attention
+        from harness.gate.cases import is_known_upstream
 
         yield TraceItem.from_parent(self, name=self.path.name)
         # Attention, sizing and the worker tables check impl against vLLM: a
-        # foreign backend (exec:CMD) answers the trace's events only.
-        if self.config.option.kvconform_backend != "impl":
+        # foreign backend (exec:CMD) answers the trace's events only, and a
+        # known upstream bug's reproducer is run on vLLM alone.
+        if (self.config.option.kvconform_backend != "impl"
+                or is_known_upstream(str(self.path))):
             return
         has_model = wants_attention(str(self.path))
         if has_model and not self.config.option.kvconform_no_attention:
             yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
         if has_model:
             yield TraceSizingItem.from_parent(self, name=f"{self.path.name}[sizing]")
-        yield WorkerItem.from_parent(self, name=f"{self.path.name}[worker]")
+        if _worker_runs():
+            yield WorkerItem.from_parent(self, name=f"{self.path.name}[worker]")
 
 
 class TraceItem(_CaseItem):
@@ -375,8 +387,9 @@ def pytest_collection_modifyitems(session, config, items):
         if getattr(opts, "kvconform_backend", "impl") == "impl":
             items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
                          for c in WORKLOADS)
-            items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
-                         for c in WORKLOADS)
+            if _worker_runs():
+                items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
+                             for c in WORKLOADS)
     # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
             getattr(opts, "kvconform_backend", "impl") == "impl"):

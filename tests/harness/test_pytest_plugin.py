@@ -26,8 +26,9 @@ def test_collects_every_bundled_trace():
     with_model = [p for p in traces if open_trace(str(p)).header.model is not None]
     plain = [c for c in collected if not c.endswith(("[attention]", "[sizing]", "[worker]"))]
     assert len(plain) == len(traces) >= 14
+    # (A known upstream bug's reproducer runs on vLLM alone: no worker case.)
     assert sorted(c.split("::")[0] for c in collected if c.endswith("[worker]")) == sorted(
-        str(p.relative_to(ROOT)) for p in traces)
+        str(p.relative_to(ROOT)) for p in traces if not p.with_suffix(".bug.json").exists())
     for suffix in ("[attention]", "[sizing]"):
         assert sorted(c.split("::")[0] for c in collected if c.endswith(suffix)) == sorted(
             str(p.relative_to(ROOT)) for p in with_model)
