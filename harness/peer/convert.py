@@ -9,17 +9,21 @@ naming the feature, so the test fails for that reason and no other.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 
 from harness.core import kinds
 from harness.peer import features as F
+from harness.peer import fetch
 from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_sizing as isizing
 from impl import kv_cache_spec as ispec
 from impl import request as ireq
 from impl.profiles import get_profile
 
-PROFILE = get_profile("0.32")
+# The profile of the release whose tests run (run.py sets it, having checked
+# the release has one); else that of the vLLM this process imports.
+PROFILE = get_profile(os.environ.get(fetch.PROFILE_ENV) or fetch.installed_vllm_version())
 
 # -- specs --------------------------------------------------------------------------
 

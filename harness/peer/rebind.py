@@ -90,13 +90,13 @@ _CALLER_HELPERS = (
 
 def rebind_vllm_callers() -> None:
     """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
-    import importlib
-
     import impl.mamba_checkpoint as imc
+    from harness.peer.instrument import release_module
 
     for module_name, name in _CALLER_HELPERS:
-        module = importlib.import_module(module_name)
-        setattr(module, name, getattr(imc, name))
+        module = release_module(module_name)
+        if module is not None:  # an older release may not have it
+            setattr(module, name, getattr(imc, name))
 
 
 def table() -> dict[int, tuple[object, object]]:
