@@ -16,7 +16,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-
 # The release whose profile impl runs the tests with (set by run.py for the
 # pytest processes, read by convert.py when they import it).
 PROFILE_ENV = "KVCONFORM_PEER_PROFILE"

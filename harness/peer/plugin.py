@@ -162,7 +162,8 @@ def pytest_collectreport(report) -> None:
     if not report.nodeid.endswith(".py"):
         return
     text = str(report.longrepr).strip().splitlines()
-    last = next((line for line in reversed(text) if line.startswith("E ")), text[-1] if text else "")
+    errors = [line for line in text if line.startswith("E ")]
+    last = errors[-1] if errors else (text[-1] if text else "")
     config._kvconform_records[report.nodeid] = {
         "nodeid": report.nodeid, "outcome": "failed", "phase": "collect",
         "exc": {"exc_type": "CollectionError", "message": last.removeprefix("E ").strip()[:300]}}

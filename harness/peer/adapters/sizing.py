@@ -651,7 +651,9 @@ def _rebound() -> dict[str, type]:
 
     if not _REBOUND_CLASSES:
         for name in SPEC_CLASSES:
-            vllm_cls = getattr(v, name)
+            vllm_cls = getattr(v, name, None)
+            if vllm_cls is None:  # an older release has no such spec class
+                continue
             maker = _uniform_subclass if name == "UniformTypeKVCacheSpecs" else _spec_subclass
             _REBOUND_CLASSES[name] = maker(vllm_cls)
     return _REBOUND_CLASSES
