@@ -20,13 +20,30 @@ def _block_copy(src_id: int, dst_id: int):
     return KVCacheBlockCopy(src_block_id=src_id, dst_block_id=dst_id)
 
 
+def _vllm_manager_signature():
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    return inspect.signature(VllmManager.__init__)
+
+
 @register(ikvm.KVCacheManager)
 class KVCacheManager(Adapter):
-    def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False,
-                 num_prefill_lookahead=0, log_stats=False, enable_kv_cache_events=False,
-                 dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
-                 enable_mamba_shared_prefix_checkpoint=False):
+    def __init__(self, *args, **kwargs):
+        # Bound to the running release's own signature: its tests pass its
+        # positional order (0.17.1-0.22.1 have no scheduler_block_size).
+        bound = _vllm_manager_signature().bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop(next(iter(arguments)))  # self
+        self._init(**arguments)
+
+    def _init(self, kv_cache_config, max_model_len, hash_block_size,
+              scheduler_block_size=None, max_in_flight_tokens=None, enable_caching=True,
+              use_eagle=False, num_prefill_lookahead=0, log_stats=False,
+              enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
+              metrics_collector=None, watermark=0.0, enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
             collector = checks.run(impl_collector, metrics_collector)
             config = checks.run(convert.to_impl_config, kv_cache_config)
