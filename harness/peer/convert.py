@@ -130,8 +130,10 @@ def to_impl_spec(spec):
             mamba_cache_mode=spec.mamba_cache_mode,
             num_speculative_blocks=spec.num_speculative_blocks,
             block_stride_alignment=_stride_alignment(spec),
-            num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
-            prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
+            # (absent before the prefill checkpoints: impl's defaults)
+            **{f: getattr(spec, f) for f in ("num_prefill_checkpoint_blocks",
+                                             "prefill_checkpoint_alignment")
+               if hasattr(spec, f)},
         )
     row = kinds.row_of_vllm_spec(spec)
     if row is None or not isinstance(spec, v.AttentionSpec):
@@ -142,12 +144,14 @@ def to_impl_spec(spec):
     if row.name in ("mla_attention", "sliding_window_mla"):
         # non_causal_multi_token_decode marks a drafter's layers: grouping
         # reads it (the sizing adapter passes the marked layers on by name).
-        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
+        require(getattr(spec, "head_size_v", None) in (0, None), "MLA spec with a V head",
+                name)
     common = _attention_geometry(spec)
     if row.name not in ("mla_attention", "sliding_window_mla"):
         # impl writes "V head as wide as K" as None; vLLM fills the number in.
-        common["head_size_v"] = None if spec.head_size_v == spec.head_size else (
-            spec.head_size_v)
+        # (older releases' specs other than full attention have no V head field)
+        head_size_v = getattr(spec, "head_size_v", spec.head_size)
+        common["head_size_v"] = None if head_size_v == spec.head_size else head_size_v
     return _same_fields(_impl_class(row, spec), spec, common)
 
 

@@ -28,6 +28,15 @@ def _vllm_manager_signature():
     return inspect.signature(VllmManager.__init__)
 
 
+def _computed_blocks_arity() -> int:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    method = getattr(VllmManager.get_computed_blocks, "__wrapped__",
+                     VllmManager.get_computed_blocks)
+    returned = str(method.__annotations__.get("return", ""))
+    return returned.count(",") + 1 if returned.startswith("tuple[") else 3
+
+
 @register(ikvm.KVCacheManager)
 class KVCacheManager(Adapter):
     def __init__(self, *args, **kwargs):
@@ -75,7 +84,10 @@ class KVCacheManager(Adapter):
     kv_cache_config = None
 
     def get_computed_blocks(self, request):
-        return unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+        # The running release's own shape: (blocks, hits) before 0.26, then
+        # (blocks, hits, a third count), as its method's return annotation says.
+        return answer[:_computed_blocks_arity()]
 
     def get_computed_blocks_for_connector(self, request):
         blocks, num_hits, diverged = unwrap(self).get_computed_blocks_for_connector(
