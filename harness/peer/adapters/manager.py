@@ -46,6 +46,9 @@ class KVCacheManager(Adapter):
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         arguments.pop(next(iter(arguments)))  # self
+        # The same bound under its older name (0.25.1's signature, say).
+        if "max_num_batched_tokens" in arguments:
+            arguments["max_in_flight_tokens"] = arguments.pop("max_num_batched_tokens")
         self._init(**arguments)
 
     def _init(self, kv_cache_config, max_model_len, hash_block_size,
