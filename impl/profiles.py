@@ -387,6 +387,10 @@ class VersionProfile:
     # HiSparse groups (a host pool, resident and hot pages, the coordinator
     # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
     hisparse: bool = False
+    # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
+    # led by the type name up to 0.23, maps with a "type" key from 0.24
+    # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
+    kv_events_map_layout: bool = False
 
     @property
     def releases(self) -> str:
@@ -471,6 +475,7 @@ def _profiles() -> dict[str, VersionProfile]:
          admission_controls=AdmissionControls.RESERVED_BLOCKS,
          sink_groups_buildable=False)
     then("0.24",
+         kv_events_map_layout=True,
          free_order=FreeOrder.UNHASHED_FIRST,
          coarse_block_hash=CoarseBlockHash.LAST,
          external_blocks_order=ExternalBlocksOrder.AFTER_ALL_HITS,

@@ -33,6 +33,7 @@ from harness.core.events import (
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
 )
+from harness.core.exit_codes import ExitCode
 from harness.core.kinds import kind_row
 from impl.profiles import VersionProfile
 
@@ -93,6 +94,19 @@ def block_state_dict(block_id: int, ref_cnt: int, block_hash: bytes | None, is_n
         "hash": block_hash[:-4].hex()[:12] if block_hash else None,
         "free": ref_cnt == 0 and not is_null,
     }
+
+
+class BackendStopped(Exception):
+    """The backend cannot go on (a foreign process that died, hung or broke
+    its protocol; a trace outside its capabilities): the run ends with this
+    one line, never a divergence. run_event lets it through."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+    def __init__(self, message: str, exit_code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class Backend(ABC):

@@ -10,8 +10,10 @@ reference's answer (a dict: every backend gave the same one) or a Failure
 - impl's InvariantViolation (ImplBackend(check=True))     -> INVARIANT
 - BackendError in the reference (the driver protocol cannot execute the
   call: an unknown request)                               -> REJECTED
-- any other exception in the reference (vLLM's AssertionError for a call it
-  does not accept, impl's ValueError)                      -> REJECTED
+- vLLM's AssertionError or ValueError (a call it does not accept), or any
+  other exception in the reference that every other backend raises too -> REJECTED
+- any other exception in vLLM (the reference) where another backend answers, or
+  vLLM's own state breaking an invariant (UpstreamViolation) -> UPSTREAM
 
 replay/diff/record (harness/sources/replay.py), the seeded workloads (run_lockstep
 below) and the fuzz driver (harness/fuzz/driver.py) all run their events
@@ -31,13 +33,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.backends.base import Backend, BackendError
+from harness.backends.base import Backend, BackendError, BackendStopped
+from harness.backends.vllm_invariants import UpstreamViolation
 from harness.core.compare import Failure, FailureKind, first_difference
 from harness.core.events import Event, EventStream
 from impl.invariants import InvariantViolation
 
 # How a backend is named in a one-line rejection.
 _TITLES = {"vllm": "vLLM"}
+# How vLLM refuses a call it does not take (its argument asserts, its
+# ValueErrors), which trace/rules.py mirrors up front and impl need not:
+# a refusal even where impl answers. Any other exception where impl answers
+# (an IndexError, a KeyError) is a bug in vLLM.
+_REFUSALS = (AssertionError, ValueError)
 # The checkpoint field that stands for the free queue's order.
 DIGEST = "free_queue_digest"
 
@@ -56,6 +64,30 @@ def _rejected(event: Event, backend: Backend, e: Exception) -> Failure:
                    backend=backend.name, message=message)
 
 
+def _upstream(event: Event, backend: Backend, message: str, answers: dict) -> Failure:
+    title = _TITLES.get(backend.name, backend.name)
+    message = f"{title} is wrong: {message}"
+    return Failure(FailureKind.UPSTREAM, event, {backend.name: message, **answers},
+                   event.kind, backend=backend.name, message=message)
+
+
+def _refused(event: Event, reference: Backend, others: Sequence[Backend],
+             e: Exception) -> Failure:
+    """The reference raised: a rejection when every other backend refuses
+    the call too (or it is the only one), else a bug in the reference."""
+    if isinstance(e, (BackendError, *_REFUSALS)) or not others:
+        return _rejected(event, reference, e)
+    answers = {}
+    for other in others:
+        try:
+            answers[other.name] = other.run(event)
+        except Exception as theirs:  # noqa: BLE001 - it refuses the call too
+            answers[other.name] = _raised(theirs)
+            continue
+        return _upstream(event, reference, f"raises {_raised(e)}", answers)
+    return _rejected(event, reference, e)
+
+
 def _invariant(event: Event, answers: dict, backend: Backend, e: InvariantViolation) -> Failure:
     answers[backend.name] = f"invariant violated: {e}"
     return Failure(FailureKind.INVARIANT, event, answers)
@@ -66,13 +98,19 @@ def run_event(event: Event, reference: Backend, others: Sequence[Backend]) -> di
     answer, or the Failure that ends the run."""
     try:
         answer = reference.run(event)
+    except BackendStopped:
+        raise
+    except UpstreamViolation as e:
+        return _upstream(event, reference, f"invariant violated: {e}", {})
     except InvariantViolation as e:
         return _invariant(event, {}, reference, e)
     except Exception as e:  # noqa: BLE001 - whatever the reference raises is its verdict
-        return _rejected(event, reference, e)
+        return _refused(event, reference, others, e)
     for other in others:
         try:
             theirs = other.run(event)
+        except BackendStopped:
+            raise
         except InvariantViolation as e:
             return _invariant(event, {reference.name: answer}, other, e)
         except Exception as e:  # noqa: BLE001 - the reference answered; this one did not

@@ -77,6 +77,19 @@ class VllmApi:
     spec_takes_dcp_sharded: bool = False
     # Requests read kv_cache_report_mode from the sampling params' extra args.
     request_reads_report_mode: bool = False
+    # get_kv_cache_configs takes the whole model's groups, made first by
+    # get_global_kv_cache_groups (0.33: planning through KVCacheConfigBuilder).
+    sizing_groups_model_first: bool = False
+    # The private state the oracles on vLLM's pool read
+    # (harness/backends/vllm_invariants.py): the hash map's dict of entries
+    # (key -> block, or block id -> block for several copies), the pool's map
+    # of a block's extra keys (None before 0.24), a manager's pending
+    # copy-on-write pairs (None before 0.26) and the blocks a sink group
+    # sets aside for good (None from 0.30).
+    hash_map_entries_attr: str = "_cache"
+    pool_extra_keys_attr: str | None = None
+    pending_copies_attr: str | None = None
+    sink_blocks_attr: str | None = "sink_blocks"
 
 
 # Oldest first, each row the previous one plus the fields that change; a
@@ -116,22 +129,25 @@ _then("0.20.0", in_flight_tokens_arg="max_num_batched_tokens",
 _then("0.21.0", admission_args=AdmissionControls.FULL_SEQUENCE.args)
 _then("0.23.0", manager_takes_scheduler_block_size=True,
       admission_args=AdmissionControls.RESERVED_BLOCKS.args, retention_interval_from="env")
-_then("0.24.0", manager_takes_watermark=True, admission_args=AdmissionControls.WATERMARK.args)
+_then("0.24.0", manager_takes_watermark=True, admission_args=AdmissionControls.WATERMARK.args,
+      pool_extra_keys_attr="cached_block_hashes_by_block")
 _then("0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
       block_sizes_rule=BlockSizesRule.LCM_GCD_ALL_GROUPS,
       get_computed_blocks_arity=3, has_block_copies=True,
-      sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True)
+      sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True,
+      pending_copies_attr="_pending_cow_copies")
 _then("0.27.0", has_record_prefix_cache_stats=True)
 _then("0.28.0", request_takes_session_id=True,
       manager_takes_num_prefill_lookahead=True)
 _then("0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
       retention_interval_from="kv_cache_config",
       mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
-_then("0.30.0", has_finalize_partial_tail_offloads=True)
+_then("0.30.0", has_finalize_partial_tail_offloads=True, sink_blocks_attr=None)
 _then("0.31.0", manager_takes_shared_prefix_checkpoint=True,
       spec_takes_dcp_sharded=True)
 _then("0.32.0", has_hisparse=True)
 _then("0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",
+      sizing_groups_model_first=True,
       takes_hash_lookahead_tokens=True, lookup_takes_max_cache_hit_length=True)
 
 SHAPES: tuple[VllmApi, ...] = tuple(_SHAPES)

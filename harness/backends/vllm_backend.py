@@ -227,7 +227,7 @@ class VllmBackend(Backend):
     name = "vllm"
 
     def __init__(self, config: CacheConfig, profile: VersionProfile | None = None,
-                 any_release: bool = False) -> None:
+                 any_release: bool = False, check: bool = False) -> None:
         installed = _installed_profile(profile, any_release)
         self.api = installed_vllm_api()
         super().__init__(config, installed)
@@ -245,6 +245,20 @@ class VllmBackend(Backend):
         self._build_manager(config, kv_cache_config, kwargs)
         self._init_hashing(config, hash_block_size)
         self._arity3 = self.api.get_computed_blocks_arity == 3
+        # The invariants on vLLM's own pool after every event (UPSTREAM when
+        # broken; harness/backends/vllm_invariants.py). HiSparse's two pools
+        # are outside the checker's rules.
+        self.checker = None
+        if check and not config.hisparse:
+            from harness.backends.vllm_invariants import VllmPoolChecker
+
+            self.checker = VllmPoolChecker(self.manager, self.api, self.requests)
+            self.run = self._run_checked
+
+    def _run_checked(self, event):
+        answer = Backend.run(self, event)
+        self.checker.after(getattr(event, "req", None))
+        return answer
 
     def _bind_request_types(self) -> None:
         """vLLM's Request, its statuses and SamplingParams, which every

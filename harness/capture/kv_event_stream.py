@@ -4,10 +4,11 @@ vLLM's ZmqEventPublisher sends each batch as a multipart message
 `(topic, seq as 8 bytes big-endian, payload)`; the payload is a msgpack-encoded
 KVEventBatch `[ts, events, data_parallel_rank?]`. Events come in two encodings:
 
-- the older **array** encoding (vLLM up to 0.17.x: `array_like=True` structs):
-  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, lora_name, extra_keys?, ...]`, trailing defaults left out;
-- the newer **map** encoding (0.32): `{"type": "BlockStored", "block_hashes":
+- the older **array** encoding (vLLM 0.17 to 0.23: `array_like=True`
+  structs): `["BlockStored", block_hashes, parent_block_hash, token_ids,
+  block_size, lora_id, medium, lora_name, extra_keys, ...]`, every field of
+  the release written, nulls included (traces/vectors/VERSION/events.json);
+- the **map** encoding (0.24 on): `{"type": "BlockStored", "block_hashes":
   ..., ...}`, fields at their default left out.
 
 Both decode to the form trace checkpoints hold (harness/backends/base.py's

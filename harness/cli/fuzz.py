@@ -51,6 +51,11 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     profile = installed_vllm_profile()
     _refuse_kinds_lacking(profile, configs)
     if args.ray is not None:
+        from harness.fuzz.sizing import SizingFuzzConfig
+
+        if any(isinstance(c, SizingFuzzConfig) for c in configs.values()):
+            raise CommandError("a sizing config (model shapes) runs on this machine, "
+                               "not with --ray")
         return _fuzz_on_ray(args, profile, configs)
     return _fuzz_here(args, profile, configs)
 
@@ -70,8 +75,9 @@ def _refuse_bad_arguments(args: argparse.Namespace) -> None:
 
 
 def _read_configs(paths) -> dict:
-    """Each --config file's FuzzConfig, by the file's name without suffix."""
-    from harness.fuzz.generate import FuzzConfig
+    """Each --config file's FuzzConfig (or SizingFuzzConfig), by the file's
+    name without suffix."""
+    from harness.fuzz.slices import fuzz_config_of
 
     configs = {}
     for path in paths:
@@ -79,7 +85,7 @@ def _read_configs(paths) -> dict:
             import yaml
 
             with open(path) as f:
-                configs[os.path.splitext(os.path.basename(path))[0]] = FuzzConfig.from_dict(
+                configs[os.path.splitext(os.path.basename(path))[0]] = fuzz_config_of(
                     yaml.safe_load(f) or {})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             raise CommandError(f"{path}: {e}".split("\n")[0]) from None
@@ -99,10 +105,34 @@ def _refuse_kinds_lacking(profile, configs: dict) -> None:
                                f"{', '.join(lacking)} groups")
 
 
+def _fuzz_sizing(args: argparse.Namespace, fuzz_config) -> int:
+    """A campaign of random model shapes sized on both sides."""
+    from harness.fuzz.sizing import fuzz_sizing
+
+    r = fuzz_sizing(args.seconds, args.seed, fuzz_config, args.out,
+                    max_cases=args.max_cases)
+    print(f"fuzz sizing seed {args.seed}: {r.cases} model shapes ({r.refused} refused "
+          f"alike by both, {r.vllm_crashed} vLLM crashed on), {r.fields:,} fields compared "
+          f"in {r.seconds:.1f}s")
+    if r.crash_example:
+        print(f"first vLLM crash: {r.crash_example}")
+    if r.finding is None:
+        print("no divergence")
+        return ExitCode.OK
+    print(r.finding.report())
+    if r.path:
+        print(f"written to {r.path}; rerun it: pytest {r.path}")
+    return r.finding.exit_code
+
+
 def _fuzz_here(args: argparse.Namespace, profile, configs: dict) -> int:
     """The campaign in this process, until its first finding."""
     from harness.fuzz.campaign import fuzz, progress_reporter, too_few_cases_warning
     from harness.fuzz.generate import FuzzConfig
+    from harness.fuzz.sizing import SizingFuzzConfig
+
+    if isinstance(next(iter(configs.values()), None), SizingFuzzConfig):
+        return _fuzz_sizing(args, next(iter(configs.values())))
 
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,
                   next(iter(configs.values()), FuzzConfig()), args.inject_fault,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.support import ray_arguments
+from harness.cli.support import backend_name, ray_arguments
 from harness.core.exit_codes import fail
 
 
@@ -34,6 +34,13 @@ def register(sub) -> None:
                    help="leave out the seeded lockstep workloads")
     p.add_argument("--no-attention", action="store_true",
                    help="leave out the attention differential of traces with a model header")
+    p.add_argument("--backend", type=backend_name, default="impl", metavar="BACKEND",
+                   help="what runs beside vLLM: impl (default) or exec:CMD, a backend in "
+                   "another process and any language (specs/FOREIGN_BACKEND.md): every "
+                   "trace and workload its capabilities cover, no fuzz or attention cases")
+    p.add_argument("--page", metavar="DIR", help="write a result page a project can publish "
+                   "(index.md, index.html: what was checked, against which release, what "
+                   "failed) here")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("conform", help="the gate without fuzz, serially: the bundled "
@@ -49,6 +56,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
     if args.fuzz_seconds < 0:
         return fail("--fuzz-seconds must be >= 0")
+    if args.backend == "vllm":
+        return fail("the gate runs vLLM beside another backend: --backend impl or exec:CMD")
+    if args.ray is not None and args.backend != "impl":
+        return fail("--ray runs impl only; a foreign backend runs without --ray")
     if args.ray is not None:
         from harness.gate.on_ray import run_gate_on_ray
 
@@ -58,7 +69,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return run_gate(args.paths or default_paths(), args.fuzz_seconds, args.fuzz_seed,
                     args.fuzz_out, args.junit, args.summary, args.jobs,
                     workloads=not args.no_workloads, attention=not args.no_attention,
-                    json_out=args.json)
+                    json_out=args.json, backend=args.backend, page=args.page)
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:

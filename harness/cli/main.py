@@ -18,14 +18,26 @@ import os
 import sys
 
 from harness.backends.vllm_backend import ASSUME_PROFILE_ENV
-from harness.cli import anonymize, capture, fuzz, gate, matrix, peer, replay, report, vectors
+from harness.cli import (
+    anonymize,
+    capture,
+    consumer,
+    fuzz,
+    gate,
+    matrix,
+    peer,
+    replay,
+    report,
+    vectors,
+)
 from harness.cli.support import Parser, run_verb, version_line
 from harness.core.exit_codes import fail
 from harness.releases import bisect
 
 # replay, diff, record | fuzz | report, stats | gate, conform | anonymize | peer |
 # capture | bisect | matrix | vectors
-VERBS = (replay, fuzz, report, gate, anonymize, peer, capture, bisect, matrix, vectors)
+VERBS = (replay, fuzz, report, gate, consumer, anonymize, peer, capture, bisect, matrix,
+         vectors)
 
 
 def build_parser() -> Parser:

@@ -10,7 +10,7 @@ import json
 import sys
 
 from harness.backends.vllm_check import check_vllm
-from harness.cli.support import print_error, print_outcome, trace_paths
+from harness.cli.support import backend_name, print_error, print_outcome, trace_paths
 from harness.core.exit_codes import ExitCode, fail, worst
 
 
@@ -23,7 +23,9 @@ def register(sub) -> None:
                        "report follows), bad input or not checked. Exit 0, 1 (a divergence), "
                        "2 (bad input), 3 (environment); the worst of all traces.")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or folders")
-    p.add_argument("--backend", choices=["impl", "vllm"], default="impl")
+    p.add_argument("--backend", type=backend_name, default="impl", metavar="BACKEND",
+                   help="impl (default), vllm, or exec:CMD: a backend in another process "
+                   "and any language (specs/FOREIGN_BACKEND.md)")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--check-invariants", action="store_true",
                    help="run impl's invariant checker after every event (slower)")
@@ -41,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--check-invariants", action="store_true",
                    help="run impl's invariant checker after every event (slower)")
+    p.add_argument("--backend", type=backend_name, default="impl", metavar="BACKEND",
+                   help="what runs beside vLLM: impl (default) or exec:CMD, a backend in "
+                   "another process and any language (specs/FOREIGN_BACKEND.md)")
     p.add_argument("--no-attention", action="store_true",
                    help="skip the attention-output differential of traces with a model "
                    "header (specs/ATTENTION.md)")
@@ -73,7 +78,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         import impl.kernels.triton_mode  # noqa: F401
     if (code := check_vllm()) is not None:
         return code
-    return _run_traces(args, ["vllm", "impl"])
+    if args.backend == "vllm":
+        return fail("diff runs vLLM beside another backend: --backend impl or exec:CMD")
+    return _run_traces(args, ["vllm", args.backend])
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -97,15 +104,17 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
     if not paths:
         return worst(codes)
     explicit = set(args.traces)
-    attention = "vllm" in backends and not getattr(args, "no_attention", True)
+    attention = backends == ["vllm", "impl"] and not getattr(args, "no_attention", True)
     results = []
     skipped: list[str] = []
+    not_covered = 0
     for path in paths:
         o = check_trace(path, backends, progress=not args.json, explicit=path in explicit,
                         check_invariants=args.check_invariants)
         codes.append(o.exit_code)
         if o.skipped:
             skipped.append(o.profile or "?")
+        not_covered += o.not_covered is not None
         result = _show_outcome(o, args.json)
         if attention and o.exit_code == 0 and o.skipped is None:
             codes += _show_attention(path, args, result)
@@ -115,6 +124,13 @@ def _run_traces(args: argparse.Namespace, backends: list[str]) -> int:
         print(json.dumps(results, indent=1))
     if skipped and len(skipped) == len(paths):
         codes.append(_nothing_checked(skipped))
+    foreign = next((b for b in backends if b.startswith("exec:")), None)
+    if foreign is not None and not args.json:
+        checked = len(paths) - len(skipped)
+        print(f"{foreign} covered {checked - not_covered} of {checked} traces")
+    if foreign is not None and not_covered and not_covered == len(paths) - len(skipped):
+        codes.append(fail(f"no trace was checked: {foreign} covers none of them",
+                          ExitCode.ENVIRONMENT))
     return worst(codes)
 
 

@@ -34,6 +34,13 @@ def ray_arguments(p: argparse.ArgumentParser, what: str) -> None:
                    help="with --ray: use N workers (default: one per CPU of the cluster)")
 
 
+def backend_name(value: str) -> str:
+    """impl, vllm or exec:CMD (argparse type: anything else is a usage error)."""
+    if value in ("impl", "vllm") or (value.startswith("exec:") and value[5:].strip()):
+        return value
+    raise argparse.ArgumentTypeError(f"unknown backend {value!r} (impl, vllm, exec:CMD)")
+
+
 def print_error(error) -> ExitCode:
     """A TraceError (already `file:line: field: message`) on stderr; its code."""
     print(str(error), file=sys.stderr)

@@ -52,6 +52,10 @@ class FailureKind(Enum):
     # AssertionError on a request it does not accept) or a call the driver
     # protocol cannot execute (BackendError: an unknown request). Bad input.
     REJECTED = "rejected"
+    # vLLM itself is wrong: it raised where impl answered, or its own state
+    # broke an invariant (harness/backends/vllm_invariants.py). A finding in
+    # vLLM, exit 1, never bad input.
+    UPSTREAM = "UPSTREAM"
 
 
 @dataclass(slots=True)

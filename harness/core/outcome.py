@@ -29,6 +29,9 @@ class TraceOutcome:
     context: DivergenceContext | None = None
     error: TraceError | None = None
     skipped: str | None = None
+    # A foreign backend's capabilities leave the trace out ("not covered by
+    # exec:CMD: ..."): not a pass, not a divergence (specs/FOREIGN_BACKEND.md).
+    not_covered: str | None = None
     recorded: str | None = None  # path written by record
     profile: str | None = None  # the trace's version profile, once its header is read
     # The header's `truncated` note: the trace lacks its end (a capture whose

@@ -35,8 +35,11 @@ class PoolEstimate:
 def estimate(num_blocks: int, backends: Iterable[str]) -> PoolEstimate:
     names = list(backends)
     return PoolEstimate(num_blocks,
-                        sum(BYTES_PER_BLOCK[b] for b in names) * num_blocks,
-                        sum(SECONDS_PER_MILLION_BLOCKS[b] for b in names) * num_blocks / 1e6)
+                        # A foreign backend (exec:CMD) is priced as impl.
+                        sum(BYTES_PER_BLOCK.get(b, BYTES_PER_BLOCK["impl"]) for b in names)
+                        * num_blocks,
+                        sum(SECONDS_PER_MILLION_BLOCKS.get(b, SECONDS_PER_MILLION_BLOCKS["impl"])
+                            for b in names) * num_blocks / 1e6)
 
 
 def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:

@@ -125,7 +125,7 @@ def build_backends(config: CacheConfig, profile: VersionProfile) -> list | FuzzR
     a FuzzRun saying so: both refuse it (the release does not take such a
     model: the case is skipped), or only one does (a divergence)."""
     built, refusals = [], {}
-    for name, make in (("vllm", lambda: VllmBackend(config, profile)),
+    for name, make in (("vllm", lambda: VllmBackend(config, profile, check=True)),
                        ("impl", lambda: ImplBackend(config, profile, check=True))):
         try:
             built.append(make())

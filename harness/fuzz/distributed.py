@@ -122,8 +122,9 @@ def kind_configs(profile=None) -> dict[str, FuzzConfig]:
     from harness.fuzz.slices import kind_names, load_kind_config
 
     configs = {name: load_kind_config(name) for name in kind_names()}
-    return {name: fc for name, fc in configs.items()
-            if profile is None or kinds_supported(fc.kinds, profile)}
+    # Sizing kind configs (harness/fuzz/sizing.py) are no manager campaign.
+    return {name: fc for name, fc in configs.items() if isinstance(fc, FuzzConfig)
+            and (profile is None or kinds_supported(fc.kinds, profile))}
 
 
 def signature(failure: Failure) -> tuple:

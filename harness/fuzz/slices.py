@@ -24,11 +24,23 @@ def kind_names() -> list[str]:
 
 
 @cache
-def load_kind_config(name: str) -> FuzzConfig:
+def load_kind_config(name: str):
+    """A kind config: a FuzzConfig, or (a document whose one key is
+    `sizing`) a SizingFuzzConfig, fuzzing model shapes' sizing instead."""
     import yaml
 
     with open(KIND_CONFIGS / f"{name}.yaml") as f:
-        return FuzzConfig.from_dict(yaml.safe_load(f) or {})
+        return fuzz_config_of(yaml.safe_load(f) or {})
+
+
+def fuzz_config_of(doc: dict):
+    if isinstance(doc, dict) and "sizing" in doc:
+        from harness.fuzz.sizing import SizingFuzzConfig
+
+        if set(doc) != {"sizing"}:
+            raise ValueError("a sizing kind config has `sizing:` and nothing else")
+        return SizingFuzzConfig.from_dict(doc["sizing"] or {})
+    return FuzzConfig.from_dict(doc)
 
 
 def fuzz_slices(seconds: float, seed: int, profile=None,

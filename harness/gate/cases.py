@@ -11,7 +11,14 @@ the Cases into its table, JUnit and summary.
 - workload: each seeded workload runs impl and vLLM in lockstep: every answer,
   the free queue after every free and preemption, and the KV events must be
   identical.
-- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py).
+- sizing: a model shape's KV cache sized by impl and by vLLM, compared field
+  by field (harness/backends/sizing.py): every shape of traces/sizing/, every
+  trace with a `model` header and every seeded workload's config.
+- fuzz: a differential fuzz campaign (harness/fuzz/campaign.py), or a campaign
+  of random model shapes sized on both sides (harness/fuzz/sizing.py).
+- worker: each trace and workload drives vLLM's and impl's worker block
+  tables as the model runner does; tables, slot mappings and kernel block
+  tables must be identical at every step (harness/sources/worker.py).
 """
 
 from __future__ import annotations
@@ -46,10 +53,24 @@ def gate_exit_code(cases) -> ExitCode:
     return worst(counted) if counted else ExitCode.ENVIRONMENT
 
 
+# A case outside a foreign backend's capabilities (specs/FOREIGN_BACKEND.md).
+NOT_COVERED = "not covered by "
+
+# A finding in vLLM itself (FailureKind.UPSTREAM): exit 1 like a divergence,
+# named apart in the table, the summary and JUnit.
+UPSTREAM = "UPSTREAM"
+
+
+def _label(failure) -> str:
+    from harness.core.compare import FailureKind
+
+    return UPSTREAM if failure is not None and failure.kind is FailureKind.UPSTREAM else ""
+
+
 @dataclass(slots=True)
 class Case:
     name: str
-    kind: str  # trace | workload | fuzz
+    kind: str  # trace | workload | sizing | fuzz | worker
     mode: str  # diff, replay <profile>, lockstep, or the fuzz campaign's figures
     events: int
     seconds: float
@@ -58,12 +79,17 @@ class Case:
     message: str = ""  # the report's one line (JUnit's message); "" when conformant
     # A trace that lacks its end (header `truncated`): a pass says so.
     truncated: bool = False
-    # A verdict more telling than the exit code's (TOO_FEW_CASES).
+    # A verdict more telling than the exit code's (TOO_FEW_CASES, "not
+    # covered by exec:CMD").
     label: str = ""
     # What this machine lacks to run the case (an instruction set): the case
     # is reported (ENVIRONMENT, a JUnit <skipped>) but does not decide the
     # run's exit code, so that which processor CI lands on decides nothing.
     not_run_here: str = ""
+
+    @property
+    def not_covered(self) -> bool:
+        return self.label.startswith(NOT_COVERED)
 
     @property
     def verdict(self) -> str:
@@ -173,13 +199,58 @@ WORKLOADS: list[WorkloadCase] = [
 # -- running one case ------------------------------------------------------------------------
 
 
-def run_trace(path: str) -> Case:
-    from harness.report.text import format_failure
+KNOWN_UPSTREAM = "known upstream bug"
+# traces/upstream/NAME.jsonl reproduces a bug of vLLM itself; NAME.bug.json
+# says which releases it affects and what vLLM does there (the exception it
+# raises): the gate reports it, neither passing nor failing the run.
+BUG_SIDECAR = ".bug.json"
+
+
+def _bug_sidecar(path: str) -> dict | None:
+    import json
+
+    side = os.path.splitext(path)[0] + BUG_SIDECAR
+    if not os.path.exists(side):
+        return None
+    with open(side, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_known_upstream(path: str, bug: dict) -> Case:
+    """The reproducer on vLLM alone: "known upstream bug" where vLLM still
+    does what the sidecar expects, "fixed in X" where it no longer does;
+    exit 0 either way."""
+    from harness.backends.vllm_backend import installed_vllm_version
     from harness.sources.replay import check_trace
 
-    o, mode = check_trace(path, ["vllm", "impl"], explicit=False), "diff"
-    if o.skipped:  # recorded for another vLLM version: impl replays it
-        o, mode = check_trace(path, ["impl"]), f"replay {o.profile}"
+    o = check_trace(path, ["vllm"], explicit=False)
+    release = installed_vllm_version().split("+")[0]
+    said = str(o.error) if o.error is not None else ""
+    reproduced = bug["expected"]["exception"] in said
+    label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
+    report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
+    if o.skipped:
+        label, report = "skipped", f"{path}: {o.skipped}"
+    return Case(case_name(path), "trace", "upstream", o.num_events, o.seconds, ExitCode.OK,
+                report, label=label)
+
+
+def run_trace(path: str, backend: str = "impl") -> Case:
+    """The trace diffed (vLLM and `backend`: impl, or a foreign exec:CMD),
+    or replayed on `backend` when recorded for another release."""
+    from harness.report.text import format_failure, verdict_of
+    from harness.sources.replay import check_trace
+
+    bug = _bug_sidecar(path)
+    if bug is not None:
+        return run_known_upstream(path, bug)
+
+    o, mode = check_trace(path, ["vllm", backend], explicit=False), "diff"
+    if o.skipped:  # recorded for another vLLM version: the backend replays it
+        o, mode = check_trace(path, [backend]), f"replay {o.profile}"
+    if o.not_covered:
+        return Case(case_name(path), "trace", mode, o.num_events, o.seconds, ExitCode.OK,
+                    message=o.not_covered, label=verdict_of(o))
     report = ""
     if o.error is not None:
         report = str(o.error)
@@ -188,7 +259,7 @@ def run_trace(path: str) -> Case:
     if o.truncated and not report:
         report = f"{o.path}: conformant as far as it goes; it lacks its end: {o.truncated}"
     return Case(case_name(path), "trace", mode, o.num_events, o.seconds, o.exit_code, report,
-                truncated=o.truncated is not None)
+                truncated=o.truncated is not None, label=_label(o.divergence))
 
 
 def _workload_stream(case: WorkloadCase, profile: VersionProfile):
@@ -200,20 +271,44 @@ def _workload_stream(case: WorkloadCase, profile: VersionProfile):
                              drain_copies=case.config.fine_grained_hits(profile)).events()
 
 
-def run_workload(case: WorkloadCase, profile: VersionProfile,
-                 out_dir: str | None = None) -> Case:
-    """The workload in lockstep on vLLM and impl. A divergence is also written
-    as a trace (in out_dir, when given) to replay or bisect."""
+def _other_backend(case: WorkloadCase, profile: VersionProfile, backend: str):
     from harness.backends.impl_backend import ImplBackend
+
+    if backend == "impl":
+        return ImplBackend(case.config, profile)
+    from harness.backends.exec_backend import PREFIX, ExecBackend
+    from harness.backends.vllm_backend import installed_vllm_version
+    from harness.trace.codec import cache_to_dict, event_to_dict
+
+    return ExecBackend(backend[len(PREFIX):], case.config, profile, cache_to_dict(case.config),
+                       installed_vllm_version(), event_to_dict)
+
+
+def run_workload(case: WorkloadCase, profile: VersionProfile,
+                 out_dir: str | None = None, backend: str = "impl") -> Case:
+    """The workload in lockstep on vLLM and `backend` (impl, or exec:CMD). A
+    divergence is also written as a trace (in out_dir, when given) to replay
+    or bisect."""
+    from harness.backends.base import BackendStopped
     from harness.backends.lockstep import run_lockstep
     from harness.backends.vllm_backend import VllmBackend
     from harness.report.text import format_failure
 
     t0 = time.perf_counter()
-    result = run_lockstep(
-        _workload_stream(case, profile),
-        [VllmBackend(case.config, profile), ImplBackend(case.config, profile)],
-    )
+    other = None
+    try:
+        other = _other_backend(case, profile, backend)
+        result = run_lockstep(_workload_stream(case, profile),
+                              [VllmBackend(case.config, profile, check=True), other])
+    except BackendStopped as e:
+        seconds = time.perf_counter() - t0
+        if e.exit_code == ExitCode.OK:  # not covered
+            return Case(case.name, "workload", "lockstep", 0, seconds, ExitCode.OK,
+                        message=str(e), label=str(e).rsplit(": ", 1)[0])
+        return Case(case.name, "workload", "lockstep", 0, seconds, e.exit_code, str(e))
+    finally:
+        if other is not None:
+            other.close()
     f = result.failure
     report = ""
     if f is not None:
@@ -231,7 +326,7 @@ def run_workload(case: WorkloadCase, profile: VersionProfile,
                 report += (f"\nbisect it: kvconform bisect {path} --from "
                            f"{profile.checked_against[-1]} --to {installed.split('+')[0]}")
     return Case(case.name, "workload", "lockstep", result.num_events, time.perf_counter() - t0,
-                ExitCode.OK if f is None else f.exit_code, report)
+                ExitCode.OK if f is None else f.exit_code, report, label=_label(f))
 
 
 def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
@@ -266,6 +361,30 @@ def write_workload_finding(case: WorkloadCase, profile: VersionProfile, failure,
     return path
 
 
+def run_sizing(name: str, shape) -> Case:
+    """A model shape (harness/core/sizing_shape.py) sized by vLLM and impl."""
+    from harness.backends.sizing import check_sizing
+
+    o = check_sizing(shape)
+    # Its "events" are the fields of the KV cache config compared.
+    return Case(name, "sizing", o.mode(), o.num_fields, o.seconds, o.exit_code, o.report())
+
+
+def trace_sizing_shape(path: str):
+    """The shape of a trace with a `model` header (its groups, its model)."""
+    from harness.sources.sizing_of_config import shape_of_config
+    from harness.trace.reader import open_trace
+
+    header = open_trace(path).header
+    return shape_of_config(Path(path).name, header.cache, header.model, f"{case_name(path)}:1")
+
+
+def workload_sizing_shape(case: WorkloadCase):
+    from harness.sources.sizing_of_config import shape_of_config
+
+    return shape_of_config(case.name, case.config)
+
+
 def run_attention(path: str) -> Case:
     """The attention-output differential of a trace with a `model` header."""
     from harness.attention.differential import AttentionOptions, check_attention
@@ -289,6 +408,22 @@ def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
                                 min_cases=min_cases))
 
 
+def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_config,
+                    min_cases: int = 0) -> Case:
+    """A fuzz slice of random model shapes, each sized by vLLM and impl."""
+    from harness.fuzz.sizing import fuzz_sizing
+
+    r = fuzz_sizing(seconds, seed, fuzz_config, out_dir, min_cases)
+    mode = f"{r.cases} shapes, {r.refused} refused alike"
+    if r.vllm_crashed:
+        mode += f", {r.vllm_crashed} vLLM crashes"
+    if r.finding is None:
+        return Case(name, "fuzz", mode, r.fields, r.seconds, ExitCode.OK)
+    report = (f"{r.finding.report()}\nwritten to {r.path}; rerun it: pytest {r.path}"
+              if r.path else r.finding.report())
+    return Case(name, "fuzz", mode, r.fields, r.seconds, r.finding.exit_code, report)
+
+
 def fuzz_case(name: str, r) -> Case:
     """A campaign's result (CampaignResult) as a gate case."""
     from harness.fuzz.campaign import too_few_cases_warning
@@ -305,4 +440,42 @@ def fuzz_case(name: str, r) -> Case:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
-    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report)
+    return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report,
+                label=_label(f.failure))
+
+
+# -- the worker differential (harness/sources/worker.py) -------------------------------------
+
+
+def _worker_case(name: str, o) -> Case:
+    code = ExitCode.DIVERGED if o.divergence else ExitCode.OK
+    mode = f"worker {o.steps} steps"
+    if o.cp_slot_steps:
+        mode += f", cp slots {o.cp_slot_steps}"
+    return Case(name, "worker", mode, o.events, o.seconds, code,
+                f"{name}: {o.divergence}" if o.divergence else "")
+
+
+def run_worker_trace(path: str) -> Case:
+    """The worker block tables and slot mappings of a trace, vLLM's against impl's."""
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.trace.reader import open_trace
+
+    trace = open_trace(path)
+    backend = ImplBackend(trace.header.cache, trace.profile)
+    pairs = ((r.event, backend.run(r.event), r.line) for r in trace.records)
+    return _worker_case(f"{case_name(path)}[worker]",
+                        check_worker(case_name(path), trace.header.cache, pairs, backend))
+
+
+def run_worker_workload(case: WorkloadCase, profile: VersionProfile) -> Case:
+    from harness.backends.impl_backend import ImplBackend
+    from harness.sources.worker import check_worker
+    from harness.sources.workload import drive
+
+    backend = ImplBackend(case.config, profile)
+    pairs = ((ev, ans, i + 1) for i, (ev, ans) in
+             enumerate(drive(_workload_stream(case, profile), backend.run)))
+    return _worker_case(f"{case.name}[worker]",
+                        check_worker(case.name, case.config, pairs, backend))

@@ -7,10 +7,18 @@ is diffed (impl and vLLM side by side, recorded answers and expectations
 checked), a trace of another version is replayed on impl with its profile. A
 failure's text is the divergence report.
 
+Every trace is also a worker case (`NAME[worker]`): vLLM's worker block
+tables and slot mappings driven by its answers, against impl's
+(harness/sources/worker.py); so is every seeded workload.
+
 A trace with a `model` header is also an attention case (`NAME[attention]`):
 the attention-output differential (harness/attention/differential.py), a
 divergence a failure, bad input or an environment without vLLM's attention
-ops an error (never a skip).
+ops an error (never a skip); and a sizing case (`NAME[sizing]`): its model's
+KV cache sized by impl and vLLM (harness/backends/sizing.py). A sizing corpus
+(`kvconform-sizing/1`, traces/sizing/) is a file of sizing cases, one per
+shape (`FILE[SHAPE]`); each seeded workload's config is sized too
+(`WORKLOAD[sizing]`).
 
 Options (used by `kvconform gate`):
   --kvconform-workloads         also run the seeded lockstep workloads
@@ -47,6 +55,8 @@ def pytest_addoption(parser):
                     help="where fuzz findings are written")
     group.addoption("--kvconform-no-attention", action="store_true",
                     help="leave out the attention differential of traces with a model header")
+    group.addoption("--kvconform-backend", default="impl",
+                    help="what runs beside vLLM: impl or exec:CMD (specs/FOREIGN_BACKEND.md)")
 
 
 def _is_trace(path: Path) -> bool:
@@ -60,9 +70,21 @@ def _is_trace(path: Path) -> bool:
     return "header:" in head and _MAGIC in head
 
 
+def _is_sizing_corpus(path: Path) -> bool:
+    from harness.sources.sizing_corpus import is_sizing_corpus
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return is_sizing_corpus(f.read(4096))
+    except OSError:
+        return False
+
+
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
         return TraceFile.from_parent(parent, path=file_path)
+    if file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path):
+        return SizingFile.from_parent(parent, path=file_path)
     return None
 
 
@@ -151,19 +173,26 @@ class _CaseItem(pytest.Item):
 
 class TraceFile(pytest.File):
     def collect(self):
-        yield TraceItem.from_parent(self, name=self.path.name)
-        if not self.config.option.kvconform_no_attention:
-            from harness.attention.differential import wants_attention
+        from harness.attention.differential import wants_attention
 
-            if wants_attention(str(self.path)):
-                yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
+        yield TraceItem.from_parent(self, name=self.path.name)
+        # Attention, sizing and the worker tables check impl against vLLM: a
+        # foreign backend (exec:CMD) answers the trace's events only.
+        if self.config.option.kvconform_backend != "impl":
+            return
+        has_model = wants_attention(str(self.path))
+        if has_model and not self.config.option.kvconform_no_attention:
+            yield AttentionItem.from_parent(self, name=f"{self.path.name}[attention]")
+        if has_model:
+            yield TraceSizingItem.from_parent(self, name=f"{self.path.name}[sizing]")
+        yield WorkerItem.from_parent(self, name=f"{self.path.name}[worker]")
 
 
 class TraceItem(_CaseItem):
     def _run(self):
         from harness.gate.cases import run_trace
 
-        return run_trace(str(self.path))
+        return run_trace(str(self.path), self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return self.path, None, f"trace {self.path}"
@@ -182,6 +211,117 @@ class AttentionItem(_CaseItem):
         return self.path, None, f"attention {self.path}"
 
 
+class SizingFile(pytest.File):
+    """A sizing corpus: one item per model shape. A file that cannot be read
+    is one item, an error naming file:line and the field."""
+
+    def collect(self):
+        from harness.core.trace_error import TraceError
+        from harness.sources.sizing_corpus import read_sizing_corpus
+
+        try:
+            shapes = read_sizing_corpus(str(self.path))
+        except TraceError as e:
+            item = SizingItem.from_parent(self, name=f"{self.path.name}[(file)]")
+            item.problem = e
+            yield item
+            return
+        for shape in shapes:
+            item = SizingItem.from_parent(self, name=f"{self.path.name}[{shape.name}]")
+            item.shape = shape
+            yield item
+
+
+class SizingItem(_CaseItem):
+    """One model shape of a sizing corpus, sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+    shape = None
+    problem = None
+
+    def _label(self) -> str:
+        from harness.gate.cases import case_name
+
+        return f"{case_name(str(self.path))}[{self.name.rsplit('[', 1)[-1][:-1]}]"
+
+    def _run(self):
+        from harness.gate.cases import Case, run_sizing
+
+        if self.problem is not None:
+            return Case(self._label(), "sizing", "-", 0, 0.0, self.problem.exit_code,
+                        str(self.problem))
+        return run_sizing(self._label(), self.shape)
+
+    def reportinfo(self):
+        return self.path, None, f"sizing {self.name}"
+
+
+class TraceSizingItem(_CaseItem):
+    """A trace's model (its `model` header and groups), sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+
+    def _label(self) -> str:
+        from harness.gate.cases import case_name
+
+        return f"{case_name(str(self.path))}[sizing]"
+
+    def _run(self):
+        from harness.gate.cases import run_sizing, trace_sizing_shape
+
+        return run_sizing(self._label(), trace_sizing_shape(str(self.path)))
+
+    def reportinfo(self):
+        return self.path, None, f"sizing {self.path}"
+
+
+class WorkloadSizingItem(_CaseItem):
+    """A seeded workload's cache config, sized by impl and vLLM."""
+
+    errors_in_setup = True
+    _kind = "sizing"
+
+    def _run(self):
+        from harness.gate.cases import WORKLOADS, run_sizing, workload_sizing_shape
+
+        case = next(c for c in WORKLOADS if f"{c.name}[sizing]" == self.name)
+        return run_sizing(self.name, workload_sizing_shape(case))
+
+    def reportinfo(self):
+        return "workload", None, f"sizing {self.name}"
+
+
+class WorkerItem(_CaseItem):
+    """The worker block tables and slot mappings of a trace, vLLM's against
+    impl's (harness/sources/worker.py)."""
+
+    _kind = "worker"
+
+    def _run(self):
+        from harness.gate.cases import run_worker_trace
+
+        return run_worker_trace(str(self.path))
+
+    def reportinfo(self):
+        return self.path, None, f"worker {self.path}"
+
+
+class WorkerWorkloadItem(_CaseItem):
+    _kind = "worker"
+
+    def _run(self):
+        from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.gate.cases import WORKLOADS, run_worker_workload
+
+        case = next(c for c in WORKLOADS if f"{c.name}[worker]" == self.name)
+        return run_worker_workload(case, installed_vllm_profile())
+
+    def reportinfo(self):
+        return "workload", None, f"worker {self.name}"
+
+
 class WorkloadItem(_CaseItem):
     _kind = "workload"
     def _run(self):
@@ -189,7 +329,8 @@ class WorkloadItem(_CaseItem):
         from harness.gate.cases import WORKLOADS, run_workload
 
         case = next(c for c in WORKLOADS if c.name == self.name)
-        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out)
+        return run_workload(case, installed_vllm_profile(), self.config.option.kvconform_fuzz_out,
+                            self.config.option.kvconform_backend)
 
     def reportinfo(self):
         return "workload", None, f"workload {self.name}"
@@ -206,9 +347,15 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.campaign import MIN_CASES
+        from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz
+        from harness.gate.cases import run_fuzz, run_sizing_fuzz
 
+        fuzz_config = load_kind_config(self.kind)
+        if isinstance(fuzz_config, SizingFuzzConfig):
+            return run_sizing_fuzz(self.name, self.seconds, self.seed,
+                                   self.config.option.kvconform_fuzz_out, fuzz_config,
+                                   min_cases=MIN_CASES)
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
                         self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
                         min_cases=MIN_CASES)
@@ -225,7 +372,14 @@ def pytest_collection_modifyitems(session, config, items):
         from harness.gate.cases import WORKLOADS
 
         items.extend(WorkloadItem.from_parent(session, name=c.name) for c in WORKLOADS)
-    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
+        if getattr(opts, "kvconform_backend", "impl") == "impl":
+            items.extend(WorkloadSizingItem.from_parent(session, name=f"{c.name}[sizing]")
+                         for c in WORKLOADS)
+            items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
+                         for c in WORKLOADS)
+    # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
+            getattr(opts, "kvconform_backend", "impl") == "impl"):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 

@@ -99,7 +99,14 @@ def format_table(cases: list[Case], against: Against | None = None) -> str:
     return "\n".join(lines)
 
 
-def format_summary(cases: list[Case], seconds: float, against: Against) -> str:
+def coverage_line(cases: list[Case], backend: str) -> str:
+    """How much of the run a foreign backend's capabilities covered."""
+    covered = sum(not c.not_covered for c in cases)
+    return f"{backend} covered {covered} of {len(cases)} cases"
+
+
+def format_summary(cases: list[Case], seconds: float, against: Against,
+                   backend: str = "impl") -> str:
     failed = [c for c in cases if c.exit_code != ExitCode.OK and not c.not_run_here]
     skipped = [c for c in cases if c.not_run_here]
     head = "✅ conformant" if not failed else f"❌ {len(failed)} of {len(cases)} cases failed"
@@ -108,6 +115,7 @@ def format_summary(cases: list[Case], seconds: float, against: Against) -> str:
     lines = [f"## kvconform gate: {head}", "",
              f"{against.describe()}; {len(cases)} cases, "
              f"{sum(c.events for c in cases):,} events checked in {seconds:.0f} s.", "",
+             *([coverage_line(cases, backend) + ".", ""] if backend != "impl" else []),
              "| case | kind | mode | events | seconds | result |",
              "|---|---|---|---:|---:|---|"]
     for c in cases:
@@ -134,7 +142,7 @@ def write_junit(path: str, named: list[tuple[str, Case]], seconds: float,
                        failures=str(sum(c.exit_code == ExitCode.DIVERGED for c in cases)),
                        errors=str(sum(c.exit_code not in (ExitCode.OK, ExitCode.DIVERGED)
                                       and not c.not_run_here for c in cases)),
-                       skipped=str(sum(bool(c.not_run_here) for c in cases)),
+                       skipped=str(sum(c.not_covered or bool(c.not_run_here) for c in cases)),
                        time=f"{seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for key, value in (("vllm", against.vllm_version), ("profile", against.profile),
@@ -146,6 +154,9 @@ def write_junit(path: str, named: list[tuple[str, Case]], seconds: float,
         cprops = ET.SubElement(case, "properties")
         ET.SubElement(cprops, "property", name="mode", value=c.mode)
         ET.SubElement(cprops, "property", name="events", value=str(c.events))
+        if c.not_covered:
+            ET.SubElement(case, "skipped", message=c.message or c.verdict)
+            continue
         if c.exit_code == ExitCode.OK:
             continue
         if c.not_run_here:
@@ -186,7 +197,8 @@ def installed_against() -> Against:
 
 def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
              junit: str | None, summary: str | None, jobs: str, workloads: bool = True,
-             attention: bool = True, json_out: str | None = None) -> ExitCode:
+             attention: bool = True, json_out: str | None = None,
+             backend: str = "impl", page: str | None = None) -> ExitCode:
     from harness.backends.vllm_check import check_vllm
     from harness.core.exit_codes import fail
 
@@ -209,6 +221,8 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
         args.append("--kvconform-workloads")
     if not attention:
         args.append("--kvconform-no-attention")
+    if backend != "impl":
+        args.append(f"--kvconform-backend={backend}")
     if jobs != "1":
         args += ["-n", jobs]
     collector = _Collector()
@@ -226,19 +240,33 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
             print(err, file=sys.stderr)
         return fail(f"the gate could not run its cases (pytest exit {int(rc)})")
     print(format_table(cases, against))
+    if backend != "impl":
+        print(coverage_line(cases, backend))
     for c in cases:
         if c.exit_code != ExitCode.OK or c.truncated:
             print(f"\n{c.name} ({c.mode}):\n{c.report}")
     code = gate_exit_code(cases)
     if summary:
-        Path(summary).write_text(format_summary(cases, seconds, against))
+        Path(summary).write_text(format_summary(cases, seconds, against, backend))
     if junit:
         write_junit(junit, [(collector.item_names[n], collector.cases[n]) for n in order],
                     seconds, against)
+    if page:
+        write_page(page, cases, against, backend)
     if json_out:
         Path(json_out).write_text(json.dumps(cases_json(cases, seconds, against, code),
                                              indent=1) + "\n")
     return code
+
+
+def write_page(out_dir: str, cases: list[Case], against: Against, backend: str) -> None:
+    """The publishable result page (harness/report/results.py)."""
+    from harness.report.results import ResultRow, write_result_page
+
+    title = f"kvconform conformance: {backend}"
+    rows = [ResultRow(c.name, f"{c.kind} {c.mode}", c.exit_code, c.report or c.message,
+                      c.label) for c in cases]
+    write_result_page(out_dir, title, rows, against.describe())
 
 
 def default_paths() -> list[str]:

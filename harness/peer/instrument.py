@@ -31,6 +31,9 @@ VLLM_KV_MODULES = (
     "vllm.v1.hisparse.coordinator",
     "vllm.v1.hisparse.layout",
     "vllm.v1.hisparse.block_pool",
+    "vllm.v1.kv_offload.cpu.manager",
+    "vllm.v1.kv_offload.cpu.policies.lru",
+    "vllm.v1.kv_offload.cpu.policies.arc",
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]

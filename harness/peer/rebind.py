@@ -76,6 +76,12 @@ def _entries():
             pairs.append((getattr(module, name), adapter))
     pairs.extend(sizing.spec_classes())
     pairs.append(sizing.config_class())
+    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release has
+    # impl's model of it (0.32's manager and policies).
+    if release_module("vllm.v1.kv_offload.cpu.policies.factory") is not None:
+        from harness.peer.adapters import offload
+
+        pairs.extend(offload.rebound())
     return pairs
 
 

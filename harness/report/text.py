@@ -67,6 +67,8 @@ def format_outcome_line(o: TraceOutcome) -> str:
         return f"{o.path}: {verdict_of(o)}"
     if o.skipped:
         return f"{o.path}: skipped ({o.skipped})"
+    if o.not_covered:
+        return f"{o.path}: {o.not_covered}"
     verdict = verdict_of(o)
     extra = f", recorded to {o.recorded}" if o.recorded else ""
     rate = f", {o.num_events / o.run_seconds:,.0f} events/s" if o.run_seconds > 0.1 else ""
@@ -82,6 +84,9 @@ def verdict_of(o: TraceOutcome) -> str:
                 else "bad input")
     if o.skipped:
         return "skipped"
+    if o.not_covered:
+        # "not covered by exec:CMD: why" -> "not covered by exec:CMD"
+        return o.not_covered.rsplit(": ", 1)[0]
     if o.divergence is not None:
         return "DIVERGED"
     return "truncated" if o.truncated else "conformant"
@@ -92,6 +97,8 @@ def outcome_json(o: TraceOutcome) -> dict:
                            "seconds": round(o.seconds, 4), "run_seconds": round(o.run_seconds, 4)}
     if o.skipped:
         out["skipped"] = o.skipped
+    if o.not_covered:
+        out["not_covered"] = o.not_covered
     if o.recorded:
         out["recorded"] = o.recorded
     if o.truncated:

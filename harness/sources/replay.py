@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, BackendStopped
 from harness.backends.impl_backend import ImplBackend
 from harness.backends.lockstep import run_batch, run_event
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
@@ -46,7 +46,7 @@ from harness.core.outcome import DivergenceContext, TraceOutcome
 from harness.core.traffic import Traffic
 from harness.sources import side_by_side
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
-from harness.trace.codec import TraceHeader, event_to_dict
+from harness.trace.codec import TraceHeader, cache_to_dict, event_to_dict
 from harness.trace.rules import random_none_hash
 from impl.profiles import VersionProfile
 
@@ -69,10 +69,28 @@ def make_impl(header: TraceHeader, profile: VersionProfile, check: bool = False)
 def make_vllm(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
     from harness.backends.vllm_backend import VllmBackend
 
-    return VllmBackend(header.cache, profile)
+    return VllmBackend(header.cache, profile, check=True)
 
 
 BACKENDS: dict[str, BackendFactory] = {"impl": make_impl, "vllm": make_vllm}
+
+
+def make_exec(command: str) -> BackendFactory:
+    """A foreign backend (specs/FOREIGN_BACKEND.md), handed the trace's own
+    encoding of its config and events."""
+    from harness.backends.exec_backend import ExecBackend
+
+    def make(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
+        return ExecBackend(command, header.cache, profile, cache_to_dict(header.cache),
+                           header.vllm_version, event_to_dict)
+    return make
+
+
+def backend_factory(name: str) -> BackendFactory:
+    """impl, vllm, or exec:CMD."""
+    if name.startswith("exec:"):
+        return make_exec(name[len("exec:"):])
+    return BACKENDS[name]
 
 
 def _involved_blocks(record: TraceRecord, answers: dict[str, dict], backends) -> list[int]:
@@ -114,7 +132,7 @@ def _context(
     blocks = _involved_blocks(record, answers, after_backends)
     after = {b.name: [b.block_state(i) for i in blocks] for b in after_backends}
     trace = open_trace(path)
-    backends = [BACKENDS[n](trace.header, trace.profile, False) for n in names]
+    backends = [backend_factory(n)(trace.header, trace.profile, False) for n in names]
     req = getattr(record.event, "req", None)
     wanted = set(blocks)
     related: deque = deque(maxlen=RELATED_EVENTS)
@@ -141,8 +159,10 @@ def _build(path: str, trace: Trace, names: list[str], check_invariants: bool) ->
     backends = []
     for name in names:
         try:
-            backends.append(BACKENDS[name](trace.header, trace.profile, check_invariants))
-        except EnvironmentProblem:
+            backends.append(backend_factory(name)(trace.header, trace.profile,
+                                                  check_invariants))
+        except (EnvironmentProblem, BackendStopped):
+            _close(backends)
             raise
         except Exception as e:  # noqa: BLE001 - the backend's own verdict on the config
             title = "vLLM" if name == "vllm" else name
@@ -201,13 +221,30 @@ def check_trace(
                                        d.answers, backends)
         if writer is not None:
             _close_writer(writer, writer_path, outcome)
+        _close(backends)
     except TraceError as e:
         outcome.error = e
         if writer is not None:
             writer.abort()
+    except BackendStopped as e:
+        _stopped(path, e, outcome)
     finally:
         outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+def _stopped(path: str, e: BackendStopped, outcome: TraceOutcome) -> None:
+    """A backend that could not go on: outside its capabilities (not
+    covered, its own result), or a foreign process that failed (an error)."""
+    if e.exit_code == ExitCode.OK:
+        outcome.not_covered = str(e)
+        return
+    outcome.error = TraceError(path, getattr(e, "line", 1), "backend", str(e), e.exit_code)
+
+
+def _close(backends) -> None:
+    for b in backends:
+        b.close()
 
 
 def _open_replayable(path: str, outcome: TraceOutcome, writer_path: str | None) -> Trace:
@@ -414,7 +451,11 @@ def _run(trace: Trace, backends: list[Backend], outcome: TraceOutcome,
     line = 0
     for record in trace.records:
         n += 1
-        answer = run_event(record.event, reference, others)
+        try:
+            answer = run_event(record.event, reference, others)
+        except BackendStopped as e:
+            e.line = record.line
+            raise
         if answer.__class__ is Failure:
             if traffic is not None:
                 traffic.finish(n - 1, record.line, reference)

@@ -37,6 +37,7 @@ from harness.core.events import (
     HiSparseStep,
 )
 from harness.core.exit_codes import ExitCode
+from harness.core.sizing_shape import is_sizing_corpus
 from harness.core.trace_error import TraceError
 from harness.trace.codec import TraceHeader, TraceRecord, event_from_dict, header_from_dict
 from harness.trace.rules import TraceRules
@@ -62,15 +63,28 @@ class Trace:
         return getattr(self.records, "bytes_read", 0)
 
 
+def _is_sizing_corpus(path: str) -> bool:
+    """A sizing corpus (traces/sizing/) in a trace folder: no trace."""
+    if not path.endswith(YAML_SUFFIXES):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return is_sizing_corpus(f.read(4096))
+    except OSError:
+        return False
+
+
 def find_traces(paths: list[str]) -> list[str]:
-    """Files named directly, plus every trace file under named folders (sorted)."""
+    """Files named directly, plus every trace file under named folders
+    (sorted; sizing corpora left out)."""
     out: list[str] = []
     for p in paths:
         if os.path.isdir(p):
             for root, dirs, files in os.walk(p):
                 dirs.sort()
-                out.extend(os.path.join(root, f) for f in sorted(files)
-                           if f.endswith(TRACE_SUFFIXES))
+                out.extend(path for path in (os.path.join(root, f) for f in sorted(files)
+                                             if f.endswith(TRACE_SUFFIXES))
+                           if not _is_sizing_corpus(path))
         else:
             out.append(p)
     return out

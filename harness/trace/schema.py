@@ -39,7 +39,25 @@ def load_schema() -> dict:
 @cache
 def _schema_at(table_version: int) -> dict:
     with open(SCHEMA_PATH) as f:
-        return with_kinds(json.load(f))
+        return derived(json.load(f))
+
+
+def derived(schema: dict) -> dict:
+    """The facts the schema file repeats from elsewhere, filled in: the kinds
+    (the kinds table) and what each op's `expect` may name (its answer)."""
+    return with_expect_fields(with_kinds(schema))
+
+
+def with_expect_fields(schema: dict) -> dict:
+    """An op's `expect` names fields of that op's answer only: an expectation
+    of a field no answer has can never be met, and is the trace's mistake (bad
+    input), not a divergence."""
+    for op in schema["definitions"].values():
+        props = op.get("properties", {})
+        answer = props.get("answer", {}).get("properties")
+        if "expect" in props and answer:
+            props["expect"]["propertyNames"] = {"enum": sorted(answer)}
+    return schema
 
 
 def group_schema(schema: dict) -> dict:
@@ -89,7 +107,7 @@ def write_schema(path: Path = SCHEMA_PATH) -> bool:
     row, specs/KINDS.md); True when it changed."""
     old = path.read_text()
     with open(path) as f:
-        new = json.dumps(with_kinds(json.load(f)), indent=2, ensure_ascii=False) + "\n"
+        new = json.dumps(derived(json.load(f)), indent=2, ensure_ascii=False) + "\n"
     if new != old:
         path.write_text(new)
     return new != old
@@ -136,6 +154,13 @@ def validate_event(obj: Any) -> None:
             if extra:
                 where = extra[0] if where == "(event)" else f"{where}.{extra[0]}"
             raise SchemaViolation(where, f"unknown field for op '{op}'") from None
+        if e.rule == "propertyNames":
+            named = e.definition.get("propertyNames", {}).get("enum", [])
+            value = e.value if isinstance(e.value, dict) else {}
+            bad = sorted(set(value) - set(named))
+            where = _field_of(e.name) + (f".{bad[0]}" if bad else "")
+            raise SchemaViolation(where, f"op '{op}' answers with no such field (it has: "
+                                  f"{', '.join(named)})") from None
         raise SchemaViolation(_field_of(e.name), message) from None
 
 

@@ -37,7 +37,7 @@ _SUPPORTED = _ANNOTATIONS | {
     "type", "properties", "required", "additionalProperties", "items", "minItems",
     "maxItems", "uniqueItems", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "minLength", "maxLength", "pattern", "enum", "const",
-    "minProperties", "maxProperties", "$ref",
+    "minProperties", "maxProperties", "$ref", "propertyNames",
 }
 
 
@@ -235,6 +235,12 @@ class _Compiler:
                 checks.append(lambda v: len(v) >= lo)
             if hi is not None:
                 checks.append(lambda v: len(v) <= hi)
+            if "propertyNames" in s:
+                names = s["propertyNames"]
+                if set(names) != {"enum"}:
+                    raise Unsupported("propertyNames other than an enum")
+                allowed = frozenset(names["enum"])
+                checks.append(lambda v: allowed.issuperset(v))
             return dict[str, value], _all(checks)
         if s.get("additionalProperties", True) is not False:
             # Unknown keys would be dropped by a Struct, and the answer with them.

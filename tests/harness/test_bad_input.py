@@ -124,3 +124,75 @@ def test_a_batch_the_validation_passes_never_breaks_the_trace_builder():
             continue
         EventTraceBuilder("0.32.0", lora_paths={"x": "/p"}).add_batch(batch)
     assert 0 < refused < 4000
+
+
+# Semantic bad input: well-formed traces that say something impossible. Each
+# is `kvconform diff` (vLLM and impl) on its own: one line on stderr naming
+# file:line and the field, exit 2 (3: the environment's), no traceback, no
+# divergence. name -> (header changes, events, line, field, exit code).
+_MODEL = {"num_layers": 1, "num_kv_heads": 1, "head_size": 64, "dtype": "float16"}
+_PROMPT = [{"op": "add_request", "req": "a", "prompt": list(range(40))}]
+_RUN = _PROMPT + [{"op": "lookup", "req": "a"},
+                  {"op": "allocate", "req": "a", "num_new_tokens": 40}]
+_GROUP = {"block_size": 16}
+SEMANTIC = {
+    "unknown-op": ({}, [{"op": "teleport", "req": "a"}], 2, "op", 2),
+    "free-unknown-request": ({}, [{"op": "free", "req": "ghost"}], 2, "req", 2),
+    "allocate-before-add": ({}, [{"op": "allocate", "req": "a", "num_new_tokens": 4}], 2,
+                            "req", 2),
+    "duplicate-request": ({}, _PROMPT * 2, 3, "req", 2),
+    "negative-tokens": ({}, _PROMPT + [{"op": "allocate", "req": "a", "num_new_tokens": -3}],
+                        3, "num_new_tokens", 2),
+    "expect-a-field-no-answer-has": ({}, _PROMPT + [{"op": "lookup", "req": "a",
+                                                     "expect": {"hits": 16}}],
+                                     3, "expect.hits", 2),
+    "incomplete-lora": ({}, [{"op": "add_request", "req": "a", "prompt": [1, 2],
+                             "lora": {"name": "x"}}], 2, "lora", 2),
+    "block-size-0": ({"groups": [{"block_size": 0}]}, [], 1, "cache.groups.0.block_size", 2),
+    "one-block-pool": ({"num_blocks": 1}, [], 1, "cache.num_blocks", 2),
+    "unknown-kind": ({"groups": [{"block_size": 16, "kind": "wormhole"}]}, [], 1,
+                     "cache.groups.0.kind", 2),
+    "window-without-size": ({"groups": [{"block_size": 16, "kind": "sliding_window"}]}, [], 1,
+                            "cache.groups.0", 2),
+    "model-head-size-0": ({"model": {**_MODEL, "head_size": 0}}, _RUN, 1, "model.head_size", 2),
+    "model-no-kv-heads": ({"model": {**_MODEL, "num_kv_heads": 0}}, _RUN, 1,
+                          "model.num_kv_heads", 2),
+    "model-no-layers": ({"model": {**_MODEL, "num_layers": 0}}, _RUN, 1, "model.num_layers", 2),
+    "unknown-kv-cache-dtype": ({"model": {**_MODEL, "kv_cache_dtype": "fp4"}}, _RUN, 1,
+                               "model.kv_cache_dtype", 2),
+    "sidecar-missing": ({"model": _MODEL, "tensors": "missing.safetensors"}, _RUN, 1,
+                        "tensors", 2),
+    "sidecar-a-folder": ({"model": _MODEL, "tensors": "."}, _RUN, 1, "tensors", 2),
+    "sidecar-not-safetensors": ({"model": _MODEL, "tensors": "notes.safetensors"}, _RUN, 1,
+                                "tensors", 2),
+    "sidecar-outside-the-folder": ({"model": _MODEL, "tensors": "../../../../etc/passwd"},
+                                   _RUN, 1, "tensors", 2),
+    "release-without-profile": ({"vllm_version": "0.9.0"}, [], 1, "vllm_version", 3),
+}
+
+
+def _semantic_trace(tmp_path, name):
+    changes, events, _, _, _ = SEMANTIC[name]
+    header = json.loads(HEADER)
+    header["cache"] = {"num_blocks": 8, "groups": [_GROUP]}
+    for key, value in changes.items():
+        (header["cache"] if key in ("num_blocks", "groups") else header)[key] = value
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "notes.safetensors").write_text("not a safetensors file")
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in [header, *events]))
+    return path
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", SEMANTIC)
+def test_semantic_bad_input_is_one_line_naming_file_line_and_field(name, tmp_path, capsys):
+    path = _semantic_trace(tmp_path, name)
+    _, _, line, field, code = SEMANTIC[name]
+    assert main(["diff", str(path)]) == code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "DIVERGED" not in out
+    problem = f"{path}:{line}: {field}:"
+    lines = [x for x in (out + err).splitlines() if x.startswith(problem)]
+    assert len(lines) == 1, out + err

@@ -97,8 +97,12 @@ def _attention_gate(tmp_path, capsys):
 def test_a_trace_with_a_model_header_is_also_an_attention_case(tmp_path, capsys):
     code, out, cases = _attention_gate(tmp_path, capsys)
     assert code == 0, out
+    # ... and a sizing case (its model's KV cache sized by impl and vLLM).
     assert set(cases) == {"engine-multi-turn-chat.jsonl",
-                          "engine-multi-turn-chat.jsonl[attention]"}
+                          "engine-multi-turn-chat.jsonl[attention]",
+                          "engine-multi-turn-chat.jsonl[sizing]",
+                          "engine-multi-turn-chat.jsonl[worker]"}
+    assert cases["engine-multi-turn-chat.jsonl[sizing]"].get("classname") == "kvconform.sizing"
     row = next(r for r in out.splitlines() if " attention " in r)
     assert row.split()[-1] == "conformant" and int(row.split()[-3]) > 0  # query tokens
 

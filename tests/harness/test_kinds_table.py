@@ -202,7 +202,7 @@ def test_schema_file_states_the_table():
     kind enum the table's names): rewrite it after adding a row."""
     on_disk = _file_schema()
     assert schema.group_schema(on_disk)["properties"]["kind"]["enum"] == list(kinds.names())
-    assert schema.with_kinds(copy.deepcopy(on_disk)) == on_disk
+    assert schema.derived(copy.deepcopy(on_disk)) == on_disk
 
 
 def test_schema_check_catches_a_kind_missing_from_the_file():
@@ -210,7 +210,7 @@ def test_schema_check_catches_a_kind_missing_from_the_file():
     schema.group_schema(stale)["properties"]["kind"]["enum"].remove("rswa")
     clauses = schema.group_schema(stale)["allOf"]
     clauses[:] = [c for c in clauses if c.get("then") != {"required": ["rswa_window"]}]
-    assert schema.with_kinds(copy.deepcopy(stale)) != stale
+    assert schema.derived(copy.deepcopy(stale)) != stale
 
 
 def test_loaded_schema_follows_the_table(registered):

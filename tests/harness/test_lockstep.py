@@ -58,7 +58,7 @@ def test_every_disagreement_of_another_backend_is_a_failure(impl, kind, field, i
 
 
 def test_a_call_the_reference_raises_on_is_rejected_bad_input():
-    other = Fake("impl", {"ok": True})
+    other = Fake("impl", {"ok": True})  # impl leaves vLLM's asserts to trace/rules.py
     f = run_event(EVENT, Fake("vllm", AssertionError("lora_path cannot be empty")), (other,))
     assert f.kind is FailureKind.REJECTED and f.exit_code == 2
     assert f.message == "vLLM rejects this: AssertionError: lora_path cannot be empty"
@@ -67,6 +67,16 @@ def test_a_call_the_reference_raises_on_is_rejected_bad_input():
     assert (f.kind, f.field, f.message) == (FailureKind.REJECTED, "req", "no request 'r'")
     f = run_event(EVENT, Fake("impl", InvariantViolation("x")), ())
     assert f.kind is FailureKind.INVARIANT and f.exit_code == 1
+
+
+def test_a_vllm_raise_impl_answers_is_upstream_exit_1():
+    other = Fake("impl", {"ok": True})
+    f = run_event(EVENT, Fake("vllm", IndexError("list index out of range")), (other,))
+    assert f.kind is FailureKind.UPSTREAM and f.exit_code == 1
+    assert f.message == "vLLM is wrong: raises IndexError: list index out of range"
+    assert f.answers["impl"] == {"ok": True}
+    f = run_event(EVENT, Fake("vllm", IndexError("out of range")), (Fake("impl", KeyError("r")),))
+    assert f.kind is FailureKind.REJECTED and f.exit_code == 2
 
 
 def test_ctrl_c_is_not_swallowed():

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.trace import open_trace
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -15,11 +17,20 @@ def test_collects_every_bundled_trace():
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
-    # Each trace once, and again as an attention case when it has a model header.
-    with_model = [p for p in traces if '"model"' in p.read_text(errors="replace")[:4096]]
-    assert len([c for c in collected if not c.endswith("[attention]")]) == len(traces) >= 14
-    assert sorted(c.split("::")[0] for c in collected if c.endswith("[attention]")) == sorted(
-        str(p.relative_to(ROOT)) for p in with_model)
+    # A sizing corpus (traces/sizing/) is a case per model shape, no trace.
+    shapes = [c for c in collected if c.startswith("traces/sizing/")]
+    collected = [c for c in collected if not c.startswith("traces/sizing/")]
+    assert len(shapes) >= 40
+    # Each trace once, again as a worker case, and as an attention case and a
+    # sizing case when it has a model header.
+    with_model = [p for p in traces if open_trace(str(p)).header.model is not None]
+    plain = [c for c in collected if not c.endswith(("[attention]", "[sizing]", "[worker]"))]
+    assert len(plain) == len(traces) >= 14
+    assert sorted(c.split("::")[0] for c in collected if c.endswith("[worker]")) == sorted(
+        str(p.relative_to(ROOT)) for p in traces)
+    for suffix in ("[attention]", "[sizing]"):
+        assert sorted(c.split("::")[0] for c in collected if c.endswith(suffix)) == sorted(
+            str(p.relative_to(ROOT)) for p in with_model)
     assert len(with_model) >= 3
 
 

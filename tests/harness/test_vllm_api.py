@@ -127,6 +127,9 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "manager_takes_num_prefill_lookahead": "num_prefill_lookahead" in init,
         "spec_takes_dcp_sharded": "dcp_sharded" in attention_fields,
         "request_reads_report_mode": reads_report_mode,
+        "sizing_groups_model_first": any(
+            f.exists() and "\ndef get_global_kv_cache_groups(" in f.read_text()
+            for f in (core / "kv_cache_planning.py", core / "kv_cache_utils.py")),
     }
     return [f"{k}: table {getattr(api, k)!r}, source {v!r}" for k, v in seen.items()
             if getattr(api, k) != v]

@@ -1,6 +1,6 @@
 """impl/ is written in the project's own words (issue 11, clean room), checked
-against the installed vLLM's KV cache source (vllm/v1/core/ and
-vllm/v1/kv_cache_interface.py):
+against the installed vLLM's KV cache source (vllm/v1/core/,
+vllm/v1/kv_offload/cpu/ with its base.py, and vllm/v1/kv_cache_interface.py):
 
 - no string literal of 20+ characters (messages, docstrings, f-string parts)
   is one of vLLM's;
@@ -33,6 +33,8 @@ def vllm_sources() -> list[Path]:
     assert spec is not None and spec.origin, "vLLM is not installed"
     root = Path(spec.origin).parent / "v1"
     files = sorted((root / "core").rglob("*.py")) + [root / "kv_cache_interface.py"]
+    # impl/kv_offload/ is written from the offload tier's CPU manager.
+    files += sorted((root / "kv_offload" / "cpu").rglob("*.py")) + [root / "kv_offload" / "base.py"]
     assert len(files) > 5 and all(f.is_file() for f in files), files
     return files
 

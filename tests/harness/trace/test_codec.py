@@ -58,7 +58,7 @@ def test_write_then_read_is_identical(tmp_path, suffix):
     path = str(tmp_path / f"t.{suffix}")
     with TraceWriter(path, HEADER) as w:
         for event, answer, note in EVENTS:
-            w.write(event, answer, {"hit_tokens": 0} if note else None, note)
+            w.write(event, answer, {"block_hashes": []} if note else None, note)
     trace = open_trace(path)
     assert trace.header == HEADER
     records = list(trace.records)

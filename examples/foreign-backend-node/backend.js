@@ -1,0 +1,481 @@
+#!/usr/bin/env node
+// An example kvconform foreign backend (specs/FOREIGN_BACKEND.md) in plain
+// Node.js: vLLM 0.32's KV cache manager for one full-attention group, with
+// prefix caching, the free queue's eviction order, sha256 / sha256_cbor block
+// hashes (NONE_HASH as 0.32 derives it), LoRA and cache-salt extra keys, KV
+// events and prefix-cache stats. No npm packages.
+//
+// KVCONFORM_NODE_BUG=eviction-order frees a request's blocks head first
+// instead of tail first: a negative control the gate must catch.
+'use strict';
+const crypto = require('crypto');
+const readline = require('readline');
+
+const BUG = process.env.KVCONFORM_NODE_BUG || '';
+const OPS = ['add_request', 'lookup', 'allocate', 'append_tokens', 'cache_blocks', 'free',
+  'preempt', 'record_stats', 'reset_prefix_cache', 'evict_blocks', 'step',
+  'take_block_copies', 'checkpoint'];
+const HELLO = {
+  kvconform_foreign_backend: 1,
+  name: 'node-example',
+  capabilities: {
+    profiles: ['0.32'], kinds: ['full_attention'], hash_algos: ['sha256', 'sha256_cbor'],
+    ops: OPS, checkpoint_fields: ['free_queue', 'num_free', 'usage', 'stats', 'events',
+      'free_queue_digest'],
+    inspect: true,
+  },
+};
+
+// -- JSON out, with exact 64-bit integers (BigInt) -------------------------------
+function toJson(v) {
+  if (typeof v === 'bigint') return v.toString();
+  if (v === null || v === undefined) return 'null';
+  if (Array.isArray(v)) return '[' + v.map(toJson).join(',') + ']';
+  if (typeof v === 'object') {
+    return '{' + Object.keys(v).filter((k) => v[k] !== undefined)
+      .map((k) => JSON.stringify(k) + ':' + toJson(v[k])).join(',') + '}';
+  }
+  return JSON.stringify(v);
+}
+function send(msg) { process.stdout.write(toJson(msg) + '\n'); }
+
+// -- serialisers: Python's pickle (protocol 5) and canonical CBOR -----------------
+// Values: Buffer (bytes), string, integer (number), null, arrays standing for tuples.
+function pickleValue(v, out) {
+  if (v === null) { out.push(Buffer.from('N')); return; }
+  if (Buffer.isBuffer(v)) {
+    if (v.length < 256) out.push(Buffer.from([0x43, v.length]));
+    else { const h = Buffer.alloc(5); h[0] = 0x42; h.writeUInt32LE(v.length, 1); out.push(h); }
+    out.push(v, Buffer.from([0x94]));
+    return;
+  }
+  if (typeof v === 'string') {
+    const b = Buffer.from(v, 'utf8');
+    if (b.length < 256) out.push(Buffer.from([0x8c, b.length]));
+    else { const h = Buffer.alloc(5); h[0] = 0x58; h.writeUInt32LE(b.length, 1); out.push(h); }
+    out.push(b, Buffer.from([0x94]));
+    return;
+  }
+  if (typeof v === 'number') {
+    if (v >= 0 && v <= 0xff) out.push(Buffer.from([0x4b, v]));
+    else if (v >= 0 && v <= 0xffff) { const b = Buffer.alloc(3); b[0] = 0x4d; b.writeUInt16LE(v, 1); out.push(b); }
+    else if (v >= -0x80000000 && v < 0x80000000) { const b = Buffer.alloc(5); b[0] = 0x4a; b.writeInt32LE(v, 1); out.push(b); }
+    else out.push(pickleLong(BigInt(v)));
+    return;
+  }
+  if (Array.isArray(v)) {
+    if (v.length === 0) { out.push(Buffer.from(')')); return; }
+    if (v.length > 3) out.push(Buffer.from('('));
+    for (const x of v) pickleValue(x, out);
+    out.push(Buffer.from([v.length > 3 ? 0x74 : 0x84 + v.length, 0x94]));
+    return;
+  }
+  throw new Error('cannot pickle ' + typeof v);
+}
+function pickleLong(x) {  // LONG1: little-endian two's complement, fewest bytes
+  const bytes = [];
+  let n = x;
+  for (;;) {
+    const b = Number(n & 0xffn);
+    bytes.push(b);
+    n >>= 8n;
+    if ((n === 0n && !(b & 0x80)) || (n === -1n && (b & 0x80))) break;
+  }
+  return Buffer.from([0x8a, bytes.length, ...bytes]);
+}
+function pickle(v) {
+  const body = [];
+  pickleValue(v, body);
+  body.push(Buffer.from('.'));
+  const payload = Buffer.concat(body);
+  const frame = Buffer.alloc(9);
+  frame[0] = 0x95;
+  frame.writeBigUInt64LE(BigInt(payload.length), 1);
+  return Buffer.concat([Buffer.from([0x80, 0x05]), frame, payload]);
+}
+function cborHead(major, n, out) {
+  if (n < 24) out.push(Buffer.from([(major << 5) | n]));
+  else if (n < 0x100) out.push(Buffer.from([(major << 5) | 24, n]));
+  else if (n < 0x10000) { const b = Buffer.alloc(3); b[0] = (major << 5) | 25; b.writeUInt16BE(n, 1); out.push(b); }
+  else if (n < 0x100000000) { const b = Buffer.alloc(5); b[0] = (major << 5) | 26; b.writeUInt32BE(n, 1); out.push(b); }
+  else { const b = Buffer.alloc(9); b[0] = (major << 5) | 27; b.writeBigUInt64BE(BigInt(n), 1); out.push(b); }
+}
+function cborValue(v, out) {
+  if (v === null) out.push(Buffer.from([0xf6]));
+  else if (Buffer.isBuffer(v)) { cborHead(2, v.length, out); out.push(v); }
+  else if (typeof v === 'string') { const b = Buffer.from(v, 'utf8'); cborHead(3, b.length, out); out.push(b); }
+  else if (typeof v === 'number') { if (v >= 0) cborHead(0, v, out); else cborHead(1, -1 - v, out); }
+  else if (Array.isArray(v)) { cborHead(4, v.length, out); for (const x of v) cborValue(x, out); }
+  else throw new Error('cannot CBOR-encode ' + typeof v);
+}
+function cbor(v) { const out = []; cborValue(v, out); return Buffer.concat(out); }
+const sha256 = (b) => crypto.createHash('sha256').update(b).digest();
+const HASHES = { sha256: (v) => sha256(pickle(v)), sha256_cbor: (v) => sha256(cbor(v)) };
+
+// -- the free queue: a doubly linked list, head reused first ------------------------
+class FreeQueue {
+  constructor(blocks) {
+    this.head = { id: -1 }; this.tail = { id: -2 };
+    this.head.next = this.tail; this.tail.prev = this.head; this.n = 0;
+    this.appendN(blocks);
+  }
+  remove(b) { b.prev.next = b.next; b.next.prev = b.prev; b.prev = b.next = null; this.n--; }
+  popleft() { const b = this.head.next; this.remove(b); return b; }
+  appendN(bs) { for (const b of bs) { const last = this.tail.prev; last.next = b; b.prev = last; b.next = this.tail; this.tail.prev = b; this.n++; } }
+  prependN(bs) { let after = this.head; const before = this.head.next; for (const b of bs) { after.next = b; b.prev = after; after = b; this.n++; } after.next = before; before.prev = after; }
+  ids() { const out = []; for (let b = this.head.next; b !== this.tail; b = b.next) out.push(b.id); return out; }
+}
+
+// The free-queue digest of specs/TRACE_FORMAT.md (splitmix64 of each link).
+const M64 = (1n << 64n) - 1n;
+function link(a, b) {
+  let z = ((BigInt(a) << 32n | BigInt(b)) + 0x9E3779B97F4A7C15n) & M64;
+  z = ((z ^ (z >> 30n)) * 0xBF58476D1CE4E5B9n) & M64;
+  z = ((z ^ (z >> 27n)) * 0x94D049BB133111EBn) & M64;
+  return z ^ (z >> 31n);
+}
+function digest(ids) {
+  let total = 0n; let prev = 0;
+  for (const id of ids) { total += link(prev, id + 2); prev = id + 2; }
+  return ((total + link(prev, 1)) & M64).toString(16).padStart(16, '0');
+}
+
+// The order CPython iterates set(ids) in, for non-negative ints (hash(i) == i):
+// open addressing over a power-of-two table, 9 linear probes, then perturbed.
+function pythonSetOrder(ids) {
+  let table = new Array(8).fill(null);
+  let fill = 0;
+  const place = (t, h) => {
+    const mask = t.length - 1;
+    let i = h & mask; let perturb = h;
+    for (;;) {
+      const probes = i + 9 <= mask ? 9 : 0;
+      for (let j = 0; j <= probes; j++) if (t[i + j] === null) return i + j;
+      perturb = Math.floor(perturb / 32);
+      i = (i * 5 + 1 + perturb) & mask;
+    }
+  };
+  for (const id of ids) {
+    if (table.includes(id)) continue;
+    table[place(table, id)] = id;
+    fill++;
+    if (fill * 5 >= (table.length - 1) * 3) {
+      let size = 8;
+      while (size <= fill * 4) size *= 2;
+      const old = table.filter((x) => x !== null);
+      table = new Array(size).fill(null);
+      for (const x of old) table[place(table, x)] = x;
+    }
+  }
+  return table.filter((x) => x !== null);
+}
+
+class Rejected extends Error { constructor(msg, field) { super(msg); this.field = field || 'req'; } }
+class NotCovered extends Error {}
+
+const cdiv = (a, b) => Math.floor((a + b - 1) / b);
+const WAITING = 'waiting', RUNNING = 'running', REMOTE = 'waiting_for_remote_kvs', PREEMPTED = 'preempted';
+
+class Manager {
+  constructor(cache, profile) {
+    const groups = cache.groups;
+    if (groups.length !== 1) throw new NotCovered(`${groups.length} KV cache groups`);
+    const g = groups[0];
+    for (const k of Object.keys(g)) if (k !== 'block_size' && k !== 'kind') throw new NotCovered(`group field ${k}`);
+    const known = new Set(['num_blocks', 'groups', 'hash_algo', 'hash_seed', 'none_hash',
+      'enable_caching', 'max_model_len', 'log_stats', 'enable_kv_cache_events',
+      'events_use_int_hashes', 'watermark']);
+    for (const k of Object.keys(cache)) if (!known.has(k)) throw new NotCovered(`cache field ${k}`);
+    if (profile.free_order !== 'unhashed_first') throw new NotCovered(`free order ${profile.free_order}`);
+    this.bs = g.block_size;
+    this.caching = cache.enable_caching !== false;
+    this.logStats = cache.log_stats !== false;
+    this.events = cache.enable_kv_cache_events !== false;
+    this.intHashes = cache.events_use_int_hashes !== false;
+    this.maxLen = cache.max_model_len || 65536;
+    this.numBlocks = cache.num_blocks;
+    this.watermarkBlocks = Math.floor((cache.watermark || 0) * cache.num_blocks);
+    this.tagged = profile.tagged_extra_keys;
+    this.hashFn = HASHES[cache.hash_algo || 'sha256'];
+    const seed = cache.hash_seed === undefined ? '0' : cache.hash_seed;
+    if (cache.none_hash) this.noneHash = Buffer.from(cache.none_hash, 'hex');
+    else if (seed !== null) this.noneHash = this.hashFn(seed);
+    else this.noneHash = this.hashFn('vllm-none-hash');  // 0.32, crypto algorithms
+    this.blocks = [];
+    for (let i = 0; i < this.numBlocks; i++) this.blocks.push({ id: i, ref: 0, key: null });
+    this.queue = new FreeQueue(this.blocks);
+    this.queue.popleft();  // block 0: the null block, never handed out
+    this.cached = new Map();  // key -> Map(block id -> block), first inserted found first
+    this.reqs = new Map();
+    this.tables = new Map();  // request id -> blocks
+    this.numCached = new Map();  // request id -> keyed leading blocks (running requests)
+    this.kvEvents = [];
+    this.stats = this.freshStats();
+  }
+  freshStats() { return { requests: 0, queries: 0, hits: 0, preempted_requests: 0, preempted_queries: 0, preempted_hits: 0, reset: false }; }
+  req(id) { const r = this.reqs.get(id); if (!r) throw new Rejected(`no request '${id}'`); return r; }
+
+  // -- hashing --
+  extraKeys(r, start) {
+    const keys = [];
+    if (r.lora) keys.push(this.tagged ? ['lora', r.lora.name, r.lora.path || ''] : r.lora.name);
+    if (start === 0 && r.salt) keys.push(this.tagged ? ['cache_salt', r.salt] : r.salt);
+    return keys.length ? keys : null;
+  }
+  eventKeys(keys) {
+    if (keys === null || !this.tagged) return keys;
+    return keys.map((k) => (Array.isArray(k) ? k[1] : k));
+  }
+  hashNew(r) {
+    const fresh = [];
+    let begin = r.hashes.length * this.bs;
+    let parent = r.hashes.length ? r.hashes[r.hashes.length - 1] : this.noneHash;
+    while (begin + this.bs <= r.tokens.length) {
+      parent = this.hashFn([parent, r.tokens.slice(begin, begin + this.bs), this.extraKeys(r, begin)]);
+      fresh.push(parent); r.hashes.push(parent);
+      begin += this.bs;
+    }
+    return fresh.map((h) => h.toString('hex'));
+  }
+  external(hash) { return this.intHashes ? hash.readBigUInt64BE(hash.length - 8) : hash.toString('hex'); }
+
+  // -- the pool --
+  findCached(hash) {
+    const m = this.cached.get(hash.toString('hex') + '00000000');
+    if (!m) return null;
+    return m.values().next().value;
+  }
+  detach(b) {
+    if (b.key === null) return;
+    const m = this.cached.get(b.key);
+    if (m) { m.delete(b.id); if (!m.size) this.cached.delete(b.key); }
+    if (this.events) this.kvEvents.push({ type: 'BlockRemoved', block_hashes: [this.external(Buffer.from(b.key.slice(0, -8), 'hex'))], medium: 'GPU', group_idx: 0 });
+    b.key = null;
+  }
+  getNewBlocks(n) {
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const b = this.queue.popleft();
+      if (this.caching) this.detach(b);
+      b.ref++; out.push(b);
+    }
+    return out;
+  }
+  touch(blocks) { for (const b of blocks) { if (!b.ref) this.queue.remove(b); b.ref++; } }
+  freeBlocks(ordered) {
+    const front = [], back = [];
+    for (const b of ordered) {
+      b.ref--;
+      if (b.ref) continue;
+      if (this.caching && b.key !== null) back.push(b); else front.push(b);
+    }
+    if (front.length) this.queue.prependN(front);
+    if (back.length) this.queue.appendN(back);
+  }
+  cacheBlocks(r, numTokens) {
+    const done = this.numCached.get(r.id) || 0;
+    const full = Math.floor(numTokens / this.bs);
+    if (done >= full) return;
+    const table = this.tables.get(r.id);
+    const stored = [], extras = [];
+    for (let i = done; i < full; i++) {
+      const b = table[i];
+      const key = r.hashes[i].toString('hex') + '00000000';
+      if (b.key === null) {
+        b.key = key;
+        if (!this.cached.has(key)) this.cached.set(key, new Map());
+        this.cached.get(key).set(b.id, b);
+      }
+      stored.push(this.external(r.hashes[i]));
+      extras.push(this.eventKeys(this.extraKeys(r, i * this.bs)));
+    }
+    if (this.events) {
+      this.kvEvents.push({
+        type: 'BlockStored', block_hashes: stored,
+        parent_block_hash: done ? this.external(r.hashes[done - 1]) : undefined,
+        token_ids: r.tokens.slice(done * this.bs, full * this.bs), block_size: this.bs,
+        lora_id: r.lora ? r.lora.int_id : undefined, medium: 'GPU',
+        lora_name: r.lora ? r.lora.name : undefined, extra_keys: extras.length ? extras : undefined,
+        group_idx: 0, kv_cache_spec_kind: 'full_attention', session_id: r.session || undefined,
+      });
+    }
+    this.numCached.set(r.id, full);
+  }
+  releaseRequest(r) {
+    const table = this.tables.get(r.id) || [];
+    // Tail first: the last blocks of a request are the least likely to be hit.
+    this.freeBlocks(BUG === 'eviction-order' ? table : [...table].reverse());
+    this.tables.delete(r.id); this.numCached.delete(r.id);
+  }
+  blocksToAllocate(r, numTokens, hit) {
+    const wanted = cdiv(numTokens, this.bs);
+    const held = (this.tables.get(r.id) || []).length;
+    if (this.numCached.has(r.id)) return Math.max(0, wanted - held);
+    const fresh = Math.max(0, wanted - (hit.length + held));
+    return fresh + hit.filter((b) => !b.ref).length;
+  }
+
+  // -- events --
+  run(ev) {
+    const fn = this['op_' + ev.op];
+    if (!fn) throw new NotCovered(`op ${ev.op}`);
+    return fn.call(this, ev);
+  }
+  op_add_request(ev) {
+    if (this.reqs.has(ev.req)) throw new Rejected(`request '${ev.req}' already exists`);
+    for (const k of ['mm', 'prompt_embeds']) if (ev[k]) throw new NotCovered(k);
+    if (ev.kv_cache_report_mode && ev.kv_cache_report_mode !== 'incremental') throw new NotCovered('kv_cache_report_mode');
+    const r = { id: ev.req, tokens: [...ev.prompt], numPrompt: ev.prompt.length, lora: ev.lora || null,
+      salt: ev.cache_salt || null, session: ev.session_id || null, skipRead: !!ev.skip_reading_prefix_cache,
+      hashes: [], computed: 0, status: WAITING, preemptions: 0, hit: null };
+    this.reqs.set(ev.req, r);
+    return { block_hashes: this.hashNew(r) };
+  }
+  op_lookup(ev) {
+    const r = this.req(ev.req);
+    if (ev.max_cache_hit_length !== undefined && ev.max_cache_hit_length !== null) throw new NotCovered('max_cache_hit_length');
+    if (r.computed) throw new Rejected(`vLLM rejects this: request '${r.id}' is running`);
+    const hit = [];
+    if (this.caching && !r.skipRead) {
+      const most = Math.floor((r.tokens.length - 1) / this.bs);
+      for (let i = 0; i < most && i < r.hashes.length; i++) {
+        const b = this.findCached(r.hashes[i]);
+        if (!b) break;
+        hit.push(b);
+      }
+    }
+    r.hit = hit;
+    return { hit_tokens: hit.length * this.bs, block_ids: [hit.map((b) => b.id)] };
+  }
+  op_allocate(ev) {
+    const r = this.req(ev.req);
+    const numNew = ev.num_new_tokens, ahead = ev.num_lookahead_tokens || 0;
+    const ext = ev.num_external_computed_tokens || 0;
+    if (ev.num_encoder_tokens || ev.reserved_blocks) throw new NotCovered('num_encoder_tokens / reserved_blocks');
+    const hit = r.hit; r.hit = null;
+    const hitTokens = hit ? hit.length * this.bs : 0;
+    if (!(numNew || ext || hitTokens)) throw new Rejected('vLLM rejects this: ValueError: nothing to allocate', 'num_new_tokens');
+    const local = r.computed + hitTokens;
+    const computed = Math.min(local + ext, this.maxLen);
+    const scheduled = ev.has_scheduled_reqs === undefined ? true : ev.has_scheduled_reqs;
+    const headroom = scheduled && (r.status === WAITING || r.status === PREEMPTED) ? this.watermarkBlocks : 0;
+    const hitBlocks = hit || [];
+    if (ev.full_sequence_must_fit) {
+      const whole = Math.min(r.tokens.length, this.maxLen);
+      if (this.blocksToAllocate(r, whole, hitBlocks) + headroom > this.queue.n) return { refused: true };
+    }
+    const slots = Math.min(computed + numNew + ahead, this.maxLen);
+    if (this.blocksToAllocate(r, slots, hitBlocks) + headroom > this.queue.n) return { refused: true };
+    if (hit !== null || ext > 0) {
+      if (!this.numCached.has(r.id)) {
+        this.touch(hitBlocks);
+        this.tables.set(r.id, [...hitBlocks]);
+        this.numCached.set(r.id, hitBlocks.length);
+      }
+      if (ext > 0) {
+        const table = this.tables.get(r.id);
+        const missing = cdiv(local + ext, this.bs) - table.length;
+        table.push(...this.getNewBlocks(Math.max(0, missing)));
+      }
+    }
+    if (!this.tables.has(r.id)) this.tables.set(r.id, []);
+    if (!this.numCached.has(r.id)) this.numCached.set(r.id, 0);
+    const table = this.tables.get(r.id);
+    const missing = cdiv(slots, this.bs) - table.length;
+    const fresh = missing > 0 ? this.getNewBlocks(missing) : [];
+    table.push(...fresh);
+    if (!ev.delay_cache_blocks && this.caching) this.cacheBlocks(r, Math.min(computed + numNew, r.tokens.length));
+    r.computed += hitTokens + ext + numNew;
+    r.status = ev.delay_cache_blocks ? REMOTE : RUNNING;
+    return { block_ids: [fresh.map((b) => b.id)] };
+  }
+  op_append_tokens(ev) { const r = this.req(ev.req); r.tokens.push(...ev.tokens); return { block_hashes: this.hashNew(r) }; }
+  op_cache_blocks(ev) {
+    const r = this.req(ev.req);
+    if (this.caching) {
+      const held = (this.tables.get(r.id) || []).length;
+      const full = Math.floor(ev.num_computed_tokens / this.bs);
+      if (full > held) throw new Rejected(`vLLM rejects this: ${full} blocks, request holds ${held}`, 'num_computed_tokens');
+      this.cacheBlocks(r, ev.num_computed_tokens);
+    }
+    if (r.status === REMOTE) r.status = WAITING;
+    return {};
+  }
+  op_record_stats(ev) {
+    const r = this.req(ev.req);
+    if (this.logStats && this.caching && !r.skipRead) {
+      const s = this.stats;
+      if (r.preemptions > 0) { s.preempted_requests++; s.preempted_queries += r.tokens.length; s.preempted_hits += ev.num_hits; }
+      else { s.requests++; s.queries += r.tokens.length; s.hits += ev.num_hits; }
+    }
+    return {};
+  }
+  op_free(ev) { const r = this.req(ev.req); this.releaseRequest(r); this.reqs.delete(r.id); return {}; }
+  op_preempt(ev) {
+    const r = this.req(ev.req);
+    this.releaseRequest(r); r.hit = null; r.computed = 0; r.preemptions++; r.status = PREEMPTED;
+    return {};
+  }
+  op_reset_prefix_cache() {
+    if (this.queue.n !== this.numBlocks - 1) return { ok: false };
+    this.cached.clear();
+    for (const b of this.blocks) b.key = null;
+    if (this.events) this.kvEvents.push({ type: 'AllBlocksCleared' });
+    if (this.logStats) this.stats.reset = true;
+    return { ok: true };
+  }
+  op_evict_blocks(ev) {
+    // vLLM walks a Python set of the ids: its removal events come in that order.
+    for (const id of pythonSetOrder(ev.block_ids)) {
+      if (id < 0 || id >= this.numBlocks) throw new Rejected(`no block ${id}`, 'block_ids');
+      this.detach(this.blocks[id]);
+    }
+    return {};
+  }
+  op_step() { return {}; }
+  op_take_block_copies() { return { copies: [] }; }
+  op_checkpoint(ev) {
+    const out = {};
+    for (const f of ev.fields || ['free_queue', 'num_free', 'usage', 'stats', 'events']) {
+      if (f === 'free_queue') out[f] = this.queue.ids();
+      else if (f === 'free_queue_digest') out[f] = digest(this.queue.ids());
+      else if (f === 'num_free') out[f] = this.queue.n;
+      else if (f === 'usage') out[f] = this.numBlocks > 1 ? 1 - this.queue.n / (this.numBlocks - 1) : 0;
+      else if (f === 'stats') { out[f] = this.logStats ? this.stats : null; this.stats = this.freshStats(); }
+      else if (f === 'events') { out[f] = this.events ? this.kvEvents : []; this.kvEvents = []; }
+      else throw new NotCovered(`checkpoint field ${f}`);
+    }
+    return out;
+  }
+  inspect(msg) {
+    if (msg.what === 'block_table') return [(this.tables.get(msg.req) || []).map((b) => b.id)];
+    const b = this.blocks[msg.block_id];
+    if (!b) return null;
+    return { block_id: b.id, ref_cnt: b.ref, hash: b.key ? b.key.slice(0, 12) : null, free: b.ref === 0 && b.id !== 0 };
+  }
+}
+
+let manager = null;
+send(HELLO);
+const rl = readline.createInterface({ input: process.stdin, terminal: false });
+rl.on('line', (line) => {
+  const msg = JSON.parse(line);
+  try {
+    if (msg.type === 'start') {
+      try { manager = new Manager(msg.cache, msg.profile); send({ ok: true }); } catch (e) {
+        if (e instanceof NotCovered) send({ not_covered: e.message }); else throw e;
+      }
+    } else if (msg.type === 'event') {
+      send({ seq: msg.seq, answer: manager.run(msg.event) });
+    } else if (msg.type === 'inspect') {
+      send({ seq: msg.seq, answer: manager.inspect(msg) });
+    } else if (msg.type === 'close') {
+      process.exit(0);
+    }
+  } catch (e) {
+    if (e instanceof Rejected) send({ seq: msg.seq, rejected: { message: e.message, field: e.field } });
+    else if (e instanceof NotCovered) send({ seq: msg.seq, not_covered: e.message });
+    else { process.stderr.write(`node backend: ${e.stack}\n`); process.exit(70); }
+  }
+});
+rl.on('close', () => process.exit(0));

@@ -1,0 +1,2 @@
+"""`kvconform consumer-check`: a KV-event consumer checked against the engine
+(specs/FOREIGN_BACKEND.md, "KV-event consumers")."""

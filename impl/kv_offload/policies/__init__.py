@@ -1,0 +1,1 @@
+"""Replacement policies of the CPU offload tier: which chunk to drop."""

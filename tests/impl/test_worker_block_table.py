@@ -1,0 +1,61 @@
+"""impl/worker against specs/WORKER_BLOCK_TABLE.md, by hand (the vLLM
+comparison is tests/harness/test_worker_differential.py)."""
+
+import numpy as np
+import pytest
+
+from impl.worker.block_table import BlockTable, SlotMappingMode, table_width
+from impl.worker.kernel_blocks import kernel_block_table
+from impl.worker.multi_group import MultiGroupBlockTable
+from impl.worker.slot_mapping import ContextParallel, compute_slots
+
+
+def test_width_aligns_to_128_tokens():
+    assert table_width(10, 16) == 16  # 8 blocks a unit
+    assert table_width(10, 48) == 16  # 128 / gcd(128, 48) = 8
+    assert table_width(3, 256) == 3
+    assert table_width(10, 16, None) == 10
+    with pytest.raises(ValueError):
+        table_width(10, 16, 0)
+
+
+def test_row_operations():
+    t = BlockTable(4, 4, 8)
+    t.add_row([5, 6], 0)
+    t.append_row([7], 0)
+    t.add_row([9], 1)
+    t.move_row(0, 2)
+    assert t.table[2, :3].tolist() == [5, 6, 7] and t.num_blocks_per_row[0] == 0
+    assert t.table[0].tolist() == [0] * 8
+    t.swap_row(1, 2)
+    assert t.table[1, :3].tolist() == [5, 6, 7] and t.num_blocks_per_row.tolist()[:3] == [0, 3, 1]
+    t.clear_row(1)
+    assert t.table[1].tolist() == [0] * 8
+
+
+def test_slots_with_and_without_context_parallelism():
+    table = np.array([[5, 6, 0, 0]], dtype=np.int32)
+    rows = np.zeros(3, dtype=np.int64)
+    pos = np.array([14, 15, 16])
+    assert compute_slots(table, 16, rows, pos).tolist() == [94, 95, 96]
+    assert compute_slots(table, 16, rows, pos, ContextParallel(2, 0)).tolist() == [87, -1, 88]
+    assert compute_slots(table, 16, rows, pos, ContextParallel(2, 1)).tolist() == [-1, 87, -1]
+    # interleave 2: tokens 14,15 are one round of rank 1 (14 // 2 = 7, odd)
+    assert compute_slots(table, 16, rows, pos, ContextParallel(2, 1, 2)).tolist() == [86, 87, -1]
+
+
+def test_state_groups_have_no_slots_and_no_alignment():
+    m = MultiGroupBlockTable.build(2, [16, 16], [10, 3],
+                                   [SlotMappingMode.TOKEN_TO_KV_SLOT, SlotMappingMode.NONE])
+    assert [t.width for t in m.block_tables] == [16, 3]
+    m.add_row(([1], [2]), 0)
+    slots = m.compute_slot_mapping(1, np.array([0, 1]), np.array([3]))
+    assert slots[0].tolist() == [19] and slots[1] is None
+
+
+def test_kernel_blocks():
+    table = np.array([[3, 0]], dtype=np.int32)
+    assert kernel_block_table(table, 16, 8).tolist() == [[6, 7, 0, 1]]
+    assert kernel_block_table(table, 16, 8, stride=5).tolist() == [[15, 16, 0, 1]]
+    with pytest.raises(ValueError):
+        kernel_block_table(table, 16, 5)
