@@ -46,7 +46,7 @@ TEST_OVERLAYS := 0.17.1 0.32.0 0.33.0
 # Seconds of fuzz per release in `make matrix` (sliced over the kind configs).
 MATRIX_FUZZ_SECONDS ?= 24
 
-.PHONY: schema install install-ray overlays test lint conform matrix vectors peer bench gpu-check clean-venv
+.PHONY: schema install install-ray overlays test lint conform matrix vectors peer peer-matrix bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -116,6 +116,13 @@ vectors: install
 # setuptools-scm, setuptools-rust, jinja2: fetching vLLM's sdist.
 peer: install
 	$(VENV)/bin/kvconform peer
+
+# vLLM's own KV-cache tests of every profiled release, each on the release
+# itself through its overlay and then on impl with its profile (kvconform
+# --vllm V peer, one release after another, pytest-xdist inside each): one
+# row per release in .peer/matrix.md and .json, each release's in .peer/V/.
+peer-matrix: install
+	$(VENV)/bin/kvconform peer --matrix
 
 bench: install install-ray
 	mkdir -p .bench

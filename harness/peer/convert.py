@@ -9,17 +9,21 @@ naming the feature, so the test fails for that reason and no other.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 
 from harness.core import kinds
 from harness.peer import features as F
+from harness.peer import fetch
 from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_sizing as isizing
 from impl import kv_cache_spec as ispec
 from impl import request as ireq
 from impl.profiles import get_profile
 
-PROFILE = get_profile("0.32")
+# The profile of the release whose tests run (run.py sets it, having checked
+# the release has one); else that of the vLLM this process imports.
+PROFILE = get_profile(os.environ.get(fetch.PROFILE_ENV) or fetch.installed_vllm_version())
 
 # -- specs --------------------------------------------------------------------------
 
@@ -56,30 +60,38 @@ def _dtype_size(dtype) -> int:
 
 def _stride_alignment(spec) -> int | None:
     """vLLM's block_stride_alignment as bytes (impl has no kernel-block form)."""
-    value = spec.block_stride_alignment
+    # Older releases' specs have no such field (0.17.1: none; impl's default).
+    value = getattr(spec, "block_stride_alignment", None)
     if value is not None and not isinstance(value, int):
         raise ImplLacks(F.BLOCK_STRIDE_ALIGNMENT, f"{type(spec).__name__}."
                         f"block_stride_alignment={value!r} (in kernel blocks)")
     return value
 
 
+# Fields newer releases added to the attention specs, absent from an older
+# release's (0.17.1 has none of them): left out, so impl's defaults apply.
+_NEWER_SPEC_FIELDS = {
+    "kv_quant_mode": int, "max_tp_shards": None, "num_head_slots": None,
+    "state_content_bytes": None, "tokens_per_state": None, "dcp_sharded": None,
+    "page_size_padded": None,
+}
+
+
 def _attention_geometry(spec) -> dict:
     """The page-shaping fields every attention spec has, as impl names them."""
-    return dict(
+    out = dict(
         block_size=spec.block_size,
         num_kv_heads=spec.num_kv_heads,
         head_size=spec.head_size,
         dtype_size=_dtype_size(spec.dtype),
         dtype_label=str(spec.dtype),
-        page_size_padded=spec.page_size_padded,
         block_stride_alignment=_stride_alignment(spec),
-        kv_quant_mode=int(spec.kv_quant_mode),
-        max_tp_shards=spec.max_tp_shards,
-        num_head_slots=spec.num_head_slots,
-        state_content_bytes=spec.state_content_bytes,
-        tokens_per_state=spec.tokens_per_state,
-        dcp_sharded=spec.dcp_sharded,
     )
+    for name, cast in _NEWER_SPEC_FIELDS.items():
+        if hasattr(spec, name):
+            value = getattr(spec, name)
+            out[name] = cast(value) if cast is not None else value
+    return out
 
 
 def _mla_labels(spec) -> dict:
@@ -118,8 +130,10 @@ def to_impl_spec(spec):
             mamba_cache_mode=spec.mamba_cache_mode,
             num_speculative_blocks=spec.num_speculative_blocks,
             block_stride_alignment=_stride_alignment(spec),
-            num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
-            prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
+            # (absent before the prefill checkpoints: impl's defaults)
+            **{f: getattr(spec, f) for f in ("num_prefill_checkpoint_blocks",
+                                             "prefill_checkpoint_alignment")
+               if hasattr(spec, f)},
         )
     row = kinds.row_of_vllm_spec(spec)
     if row is None or not isinstance(spec, v.AttentionSpec):
@@ -130,12 +144,14 @@ def to_impl_spec(spec):
     if row.name in ("mla_attention", "sliding_window_mla"):
         # non_causal_multi_token_decode marks a drafter's layers: grouping
         # reads it (the sizing adapter passes the marked layers on by name).
-        require(spec.head_size_v in (0, None), "MLA spec with a V head", name)
+        require(getattr(spec, "head_size_v", None) in (0, None), "MLA spec with a V head",
+                name)
     common = _attention_geometry(spec)
     if row.name not in ("mla_attention", "sliding_window_mla"):
         # impl writes "V head as wide as K" as None; vLLM fills the number in.
-        common["head_size_v"] = None if spec.head_size_v == spec.head_size else (
-            spec.head_size_v)
+        # (older releases' specs other than full attention have no V head field)
+        head_size_v = getattr(spec, "head_size_v", spec.head_size)
+        common["head_size_v"] = None if head_size_v == spec.head_size else head_size_v
     return _same_fields(_impl_class(row, spec), spec, common)
 
 
@@ -181,23 +197,29 @@ def to_impl_role(role):
 def to_impl_group(group):
     with Checks() as checks:
         spec = checks.run(to_impl_spec, group.kv_cache_spec)
-    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec, to_impl_role(group.role),
-                                  group.host_resident, is_eagle_group=group.is_eagle_group,
-                                  enable_kv_transfer=group.enable_kv_transfer)
+    # Older releases' groups have no role or flags (impl's defaults then).
+    return ispec.KVCacheGroupSpec(tuple(group.layer_names), spec,
+                                  to_impl_role(getattr(group, "role", None)),
+                                  getattr(group, "host_resident", False),
+                                  is_eagle_group=getattr(group, "is_eagle_group", False),
+                                  enable_kv_transfer=getattr(group, "enable_kv_transfer", True))
 
 
 def to_impl_config(config) -> ispec.KVCacheConfig:
     """A vLLM KVCacheConfig as impl's (the groups and num_blocks; the tensor
     plan is the sizing's output, not the manager's input)."""
     with Checks() as checks:
-        checks.require(config.cache_hit_alignment_tokens is None, F.CACHE_HIT_ALIGNMENT)
-        checks.require(config.kv_tp_replicas == 1, F.TP_REPLICAS,
-                       f"kv_tp_replicas={config.kv_tp_replicas}")
+        # Older releases' configs lack these fields (their defaults then).
+        checks.require(getattr(config, "cache_hit_alignment_tokens", None) is None,
+                       F.CACHE_HIT_ALIGNMENT)
+        replicas = getattr(config, "kv_tp_replicas", 1)
+        checks.require(replicas == 1, F.TP_REPLICAS, f"kv_tp_replicas={replicas}")
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
     return ispec.KVCacheConfig(
         num_blocks=config.num_blocks, kv_cache_groups=groups,
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        hisparse_host_num_blocks=config.hisparse_host_num_blocks,
+        prefix_cache_retention_interval=getattr(config, "prefix_cache_retention_interval",
+                                                None),
+        hisparse_host_num_blocks=getattr(config, "hisparse_host_num_blocks", None),
         # vLLM's config answers it by a property of its own: impl's rule here.
         needs_kv_cache_zeroing=isizing.needs_kv_cache_zeroing(groups))
 

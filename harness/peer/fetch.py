@@ -16,6 +16,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+# The release whose profile impl runs the tests with (set by run.py for the
+# pytest processes, read by convert.py when they import it).
+PROFILE_ENV = "KVCONFORM_PEER_PROFILE"
+
 
 class FetchError(RuntimeError):
     """The sdist could not be had (exit code 3: the environment)."""
@@ -73,8 +77,10 @@ def extract_tests(archive: Path, dest: Path) -> Path:
     return root
 
 
-def fetch(cache: Path) -> tuple[str, Path]:
-    """(version, source root with tests/) for the installed vLLM."""
-    version = installed_vllm_version()
+def fetch(cache: Path, version: str | None = None) -> tuple[str, Path]:
+    """(version, source root with tests/) for `version`, else the vLLM this
+    process imports (the installed one, or a release's overlay: its
+    dist-info comes first on the path)."""
+    version = version or installed_vllm_version()
     archive = download_sdist(cache, version)
     return version, extract_tests(archive, cache)

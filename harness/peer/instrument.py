@@ -113,6 +113,18 @@ def _wrap_vllm_class(cls: type) -> None:
             setattr(cls, name, _counted_vllm(attr, qual))
 
 
+def release_module(name: str):
+    """vLLM's module `name`, or None when the release running has no such
+    module (an older release: `kvconform --vllm 0.17.1 peer`), so there is
+    nothing in it to count or rebind."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            return None
+        raise
+
+
 def install_vllm() -> None:
     """Count calls into vLLM's KV cache modules (idempotent). Run before the
     test modules are imported, so names they import are the counted ones."""
@@ -121,7 +133,9 @@ def install_vllm() -> None:
     import enum
 
     for module_name in VLLM_KV_MODULES:
-        module = importlib.import_module(module_name)
+        module = release_module(module_name)
+        if module is None:
+            continue
         for name, attr in list(vars(module).items()):
             if getattr(attr, "__module__", None) != module_name:
                 continue

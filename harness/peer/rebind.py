@@ -24,62 +24,64 @@ _table: dict[int, tuple[object, object]] | None = None
 
 
 def _entries():
-    import vllm.utils.hashing as vh
-    import vllm.v1.core.block_pool as vbp
-    import vllm.v1.core.kv_cache_manager as vkm
-    import vllm.v1.core.kv_cache_metrics as vmet
-    import vllm.v1.core.kv_cache_utils as vku
-    import vllm.v1.core.single_type_kv_cache_manager as vst
-    import vllm.v1.hisparse.coordinator as vhc
-
+    """(vLLM object, adapter) for every vLLM name the release running has: an
+    older release (`kvconform --vllm 0.17.1 peer`) lacks some modules and
+    names, and its tests then cannot use them either."""
+    import impl.mamba_checkpoint as imc
     from harness.peer.adapters import hashing, hisparse, manager, metrics, pool, single_type, sizing
+    from harness.peer.instrument import release_module
 
-    pairs = [
-        (vkm.KVCacheManager, manager.KVCacheManager),
-        (vkm.KVCacheBlocks, manager.KVCacheBlocks),
-        (vbp.BlockPool, pool.BlockPool),
-        (vbp.BlockHashToBlockMap, pool.BlockHashToBlockMap),
-        (vku.FreeKVCacheBlockQueue, pool.FreeKVCacheBlockQueue),
-        (vku.KVCacheBlock, pool.KVCacheBlock),
-        (vst.get_manager_for_kv_cache_spec, single_type.get_manager_for_kv_cache_spec),
-        (vhc.get_hisparse_coordinator, hisparse.get_hisparse_coordinator),
-        (vmet.KVCacheMetricsCollector, metrics.KVCacheMetricsCollector),
-        (vmet.BlockMetricsState, metrics.BlockMetricsState),
+    wanted = [
+        ("vllm.v1.core.kv_cache_manager", "KVCacheManager", manager.KVCacheManager),
+        ("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", manager.KVCacheBlocks),
+        ("vllm.v1.core.block_pool", "BlockPool", pool.BlockPool),
+        ("vllm.v1.core.block_pool", "BlockHashToBlockMap", pool.BlockHashToBlockMap),
+        ("vllm.v1.core.kv_cache_utils", "FreeKVCacheBlockQueue", pool.FreeKVCacheBlockQueue),
+        ("vllm.v1.core.kv_cache_utils", "KVCacheBlock", pool.KVCacheBlock),
+        ("vllm.v1.core.single_type_kv_cache_manager", "get_manager_for_kv_cache_spec",
+         single_type.get_manager_for_kv_cache_spec),
+        ("vllm.v1.hisparse.coordinator", "get_hisparse_coordinator",
+         hisparse.get_hisparse_coordinator),
+        ("vllm.v1.core.kv_cache_metrics", "KVCacheMetricsCollector",
+         metrics.KVCacheMetricsCollector),
+        ("vllm.v1.core.kv_cache_metrics", "BlockMetricsState", metrics.BlockMetricsState),
     ]
     for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
                  "SlidingWindowManager", "ChunkedLocalAttentionManager", "MambaManager",
                  "CrossAttentionManager", "CircularBufferManager", "RSWAManager",
                  "HiSparseSourceManager", "HiSparseHotManager", "HiSparseResidentManager"):
-        pairs.append((getattr(vst, name), getattr(single_type, name)))
+        wanted.append(("vllm.v1.core.single_type_kv_cache_manager", name,
+                       getattr(single_type, name)))
     for name in hashing.ALGORITHMS:
-        pairs.append((getattr(vh, name), getattr(hashing, name)))
+        wanted.append(("vllm.utils.hashing", name, getattr(hashing, name)))
     for name in ("init_none_hash", "get_request_block_hasher", "hash_block_tokens",
                  "generate_block_hash_extra_keys", "to_event_extra_keys",
                  "make_block_hash_with_group_id", "get_block_hash", "get_group_id",
                  "BlockHashListWithBlockSize", "resolve_block_hashes",
                  "maybe_convert_block_hash"):
-        pairs.append((getattr(vku, name), getattr(hashing, name)))
+        wanted.append(("vllm.v1.core.kv_cache_utils", name, getattr(hashing, name)))
     for name in sizing.REBOUND:
-        pairs.append((getattr(vku, name), getattr(sizing, name)))
+        wanted.append(("vllm.v1.core.kv_cache_utils", name, getattr(sizing, name)))
+    for name in sizing.INTERFACE_REBOUND:
+        wanted.append(("vllm.v1.kv_cache_interface", name, getattr(sizing, name)))
+    for name in sizing.HISPARSE_LAYOUT_REBOUND:
+        wanted.append(("vllm.v1.hisparse.layout", name, getattr(sizing, name)))
+    # Mamba prefill checkpoint helpers: impl's own, same signature.
+    for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
+        wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))
+    pairs = []
+    for module_name, name, adapter in wanted:
+        module = release_module(module_name)
+        if module is not None and hasattr(module, name):
+            pairs.append((getattr(module, name), adapter))
     pairs.extend(sizing.spec_classes())
     pairs.append(sizing.config_class())
-    import vllm.v1.kv_cache_interface as vki
+    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release has
+    # impl's model of it (0.32's manager and policies).
+    if release_module("vllm.v1.kv_offload.cpu.policies.factory") is not None:
+        from harness.peer.adapters import offload
 
-    for name in sizing.INTERFACE_REBOUND:
-        pairs.append((getattr(vki, name), getattr(sizing, name)))
-    import vllm.v1.hisparse.layout as vhl
-
-    for name in sizing.HISPARSE_LAYOUT_REBOUND:
-        pairs.append((getattr(vhl, name), getattr(sizing, name)))
-    # The CPU offload tier (tests/v1/kv_offload/cpu/).
-    from harness.peer.adapters import offload
-
-    pairs.extend(offload.rebound())
-    # Mamba prefill checkpoint helpers: impl's own, same signature.
-    import impl.mamba_checkpoint as imc
-
-    for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
-        pairs.append((getattr(vki, name), getattr(imc, name)))
+        pairs.extend(offload.rebound())
     return pairs
 
 
@@ -94,13 +96,13 @@ _CALLER_HELPERS = (
 
 def rebind_vllm_callers() -> None:
     """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
-    import importlib
-
     import impl.mamba_checkpoint as imc
+    from harness.peer.instrument import release_module
 
     for module_name, name in _CALLER_HELPERS:
-        module = importlib.import_module(module_name)
-        setattr(module, name, getattr(imc, name))
+        module = release_module(module_name)
+        if module is not None:  # an older release may not have it
+            setattr(module, name, getattr(imc, name))
 
 
 def table() -> dict[int, tuple[object, object]]:

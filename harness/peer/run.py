@@ -25,7 +25,7 @@ def run_pass(mode: str, root: Path, records: Path, env: dict[str, str], workers:
                KVCONFORM_PEER_RECORDS=str(records.resolve()))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:kvconform",
            "-p", "harness.peer.plugin", "--rootdir", str(root), "-W", "ignore",
-           "--no-header", "-rN", "--tb=no"]
+           "--no-header", "-rN", "--tb=no", "--continue-on-collection-errors"]
     if workers != "0":
         cmd += ["-n", workers]
     cmd += [*extra, *tests]
@@ -42,34 +42,71 @@ def load(records: Path) -> dict[str, dict]:
     return out
 
 
+def present(root: Path, tests: list[str]) -> tuple[list[str], list[str]]:
+    """(the test paths this sdist has, those it lacks): an older release
+    may not have a file yet (its tests are then not in that row)."""
+    have, lack = [], []
+    for t in tests:
+        (have if (root / t.split("::", 1)[0]).exists() else lack).append(t)
+    return have, lack
+
+
 def main(out: Path = Path(".peer"), workers: str = "auto", rerun_vllm: bool = False,
-         tests: list[str] | None = None, pytest_args: list[str] = ()) -> int:
+         tests: list[str] | None = None, pytest_args: list[str] = (),
+         release: str | None = None) -> int:
+    """`release`: the release whose overlay this process imports (`kvconform
+    --vllm V peer`); its results go to out/V/, its sdist is cached in out/."""
+    from impl.profiles import UnsupportedVersion, get_profile
+
     start = time.monotonic()
     try:
-        version, root = fetch.fetch(out)
+        version, root = fetch.fetch(out, release)
         root = root.resolve()
     except fetch.FetchError as e:
         print(f"kvconform peer: {e}", file=sys.stderr)
         return ExitCode.ENVIRONMENT
+    try:
+        get_profile(version)
+    except UnsupportedVersion as e:
+        print(f"kvconform peer: {e}", file=sys.stderr)
+        return ExitCode.ENVIRONMENT
+    results = out / version if release else out
+    results.mkdir(parents=True, exist_ok=True)
     env = hf_offline.build((out / "hf-home").resolve())
-    tests = tests or selection.test_paths()
+    env[fetch.PROFILE_ENV] = version
+    tests, lacking = present(root, tests or selection.test_paths())
+    if not tests:
+        print(f"kvconform peer: vLLM {version}'s sdist has none of the test files",
+              file=sys.stderr)
+        return ExitCode.ENVIRONMENT
     # vLLM's results depend only on its version and the tests chosen: cached.
     key = hashlib.sha256("\n".join(sorted(tests)).encode()).hexdigest()[:12]
-    vllm_records = out / f"vllm-{version}-{key}-records.jsonl"
+    vllm_records = results / f"vllm-{version}-{key}-records.jsonl"
+    vllm_seconds = impl_seconds = 0.0
     if rerun_vllm or not vllm_records.exists():
+        t0 = time.monotonic()
         run_pass("vllm", root, vllm_records, env, workers, tests, pytest_args)
+        vllm_seconds = time.monotonic() - t0
     else:
         print(f"peer: vLLM results from {vllm_records} (--rerun-vllm to run them again)")
-    impl_records = out / "impl-records.jsonl"
+    impl_records = results / "impl-records.jsonl"
+    impl_records.unlink(missing_ok=True)
+    t0 = time.monotonic()
     run_pass("impl", root, impl_records, env, workers, tests, pytest_args)
+    impl_seconds = time.monotonic() - t0
     if not vllm_records.exists() or not impl_records.exists():
         print("kvconform peer: pytest wrote no results (see its output above)", file=sys.stderr)
         return ExitCode.ENVIRONMENT
-    verdicts = classify.classify(load(vllm_records), load(impl_records))
+    vrecs = load(vllm_records)
+    verdicts = classify.classify(vrecs, load(impl_records))
     seconds = time.monotonic() - start
-    s = summary.write(out, version, verdicts, seconds)
+    timing = {"seconds": round(seconds, 1), "vllm_seconds": round(vllm_seconds, 1),
+              "impl_seconds": round(impl_seconds, 1)}
+    s = summary.write(results, version, verdicts, seconds,
+                      not_runnable=summary.not_runnable(vrecs), lacking_files=lacking,
+                      timing=timing)
     print(summary.markdown(s, verdicts, seconds).split("\n## Features")[0])
-    print(f"peer: {out}/summary.json, summary.md, gaps.md, results.json")
+    print(f"peer: {results}/summary.json, summary.md, gaps.md, results.json")
     return ExitCode.DIVERGED if s["impl_failed"] else ExitCode.OK
 
 

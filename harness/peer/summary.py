@@ -44,6 +44,22 @@ def summarize(version: str, verdicts: list[Verdict]) -> dict:
     }
 
 
+def not_runnable(vllm_records: dict[str, dict]) -> list[dict]:
+    """The tests (and test files that did not import) that do not pass on
+    vLLM itself: on a release's overlay, mostly a device type, a compiled op
+    or a module the overlay lacks. They are in no impl count."""
+    out = []
+    for nodeid, rec in vllm_records.items():
+        if rec["outcome"] == "passed":
+            continue
+        exc = rec.get("exc") or {}
+        reason = (rec.get("skip_reason") if rec["outcome"] == "skipped"
+                  else f"{exc.get('exc_type', '?')}: {exc.get('message', '')}")
+        out.append({"nodeid": nodeid, "outcome": rec["outcome"],
+                    "phase": rec.get("phase", ""), "reason": (reason or "")[:200]})
+    return sorted(out, key=lambda r: r["nodeid"])
+
+
 def gaps(verdicts: list[Verdict]) -> Counter:
     return Counter(v.feature for v in verdicts if v.impl == FAILED and v.feature)
 
@@ -114,10 +130,32 @@ def gaps_markdown(verdicts: list[Verdict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, version: str, verdicts: list[Verdict], seconds: float | None = None) -> dict:
+def not_runnable_markdown(rows: list[dict], lacking_files: list[str]) -> str:
+    lines = ["", "## Not runnable on vLLM (in no impl count)", ""]
+    if lacking_files:
+        lines.append("Not in this release's sdist: " + ", ".join(f"`{f}`" for f in lacking_files))
+        lines.append("")
+    if not rows:
+        return "\n".join(lines + ["None.", ""])
+    lines += ["| test | on vLLM | reason |", "|---|---|---|"]
+    for r in rows:
+        what = "collection" if r["phase"] == "collect" else r["outcome"]
+        lines.append(f"| `{r['nodeid']}` | {what} | {r['reason'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, version: str, verdicts: list[Verdict], seconds: float | None = None,
+          not_runnable: list[dict] = (), lacking_files: list[str] = (),
+          timing: dict | None = None) -> dict:
     summary = summarize(version, verdicts)
+    summary["not_runnable_on_vllm"] = list(not_runnable)
+    summary["files_not_in_sdist"] = list(lacking_files)
+    if timing:
+        summary["timing"] = timing
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "summary.md").write_text(markdown(summary, verdicts, seconds))
+    (out / "summary.md").write_text(markdown(summary, verdicts, seconds)
+                                    + not_runnable_markdown(list(not_runnable),
+                                                            list(lacking_files)))
     (out / "gaps.md").write_text(gaps_markdown(verdicts))
     (out / "results.json").write_text(json.dumps([v.as_dict() for v in verdicts], indent=1) + "\n")
     return summary

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # from the oldest release to some other, or a version as an argparse default,
 # is the newest written by hand).
 DERIVING = ("Makefile", ".ci/run", "ci/github/conformance.yml", "ci/github/matrix.yml",
+            "ci/github/peer-matrix.yml", "harness/peer/matrix.py",
             "README.md", "harness/releases/bisect.py", "harness/cli/matrix.py",
             "ci/vllm-source-history")
 DOCS = ("specs/RELEASES.md", "specs/PROFILES.md")

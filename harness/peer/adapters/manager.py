@@ -20,13 +20,42 @@ def _block_copy(src_id: int, dst_id: int):
     return KVCacheBlockCopy(src_block_id=src_id, dst_block_id=dst_id)
 
 
+def _vllm_manager_signature():
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    return inspect.signature(VllmManager.__init__)
+
+
+def _computed_blocks_arity() -> int:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    method = getattr(VllmManager.get_computed_blocks, "__wrapped__",
+                     VllmManager.get_computed_blocks)
+    returned = str(method.__annotations__.get("return", ""))
+    return returned.count(",") + 1 if returned.startswith("tuple[") else 3
+
+
 @register(ikvm.KVCacheManager)
 class KVCacheManager(Adapter):
-    def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False,
-                 num_prefill_lookahead=0, log_stats=False, enable_kv_cache_events=False,
-                 dcp_world_size=1, pcp_world_size=1, metrics_collector=None, watermark=0.0,
-                 enable_mamba_shared_prefix_checkpoint=False):
+    def __init__(self, *args, **kwargs):
+        # Bound to the running release's own signature: its tests pass its
+        # positional order (0.17.1-0.22.1 have no scheduler_block_size).
+        bound = _vllm_manager_signature().bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop(next(iter(arguments)))  # self
+        # The same bound under its older name (0.25.1's signature, say).
+        if "max_num_batched_tokens" in arguments:
+            arguments["max_in_flight_tokens"] = arguments.pop("max_num_batched_tokens")
+        self._init(**arguments)
+
+    def _init(self, kv_cache_config, max_model_len, hash_block_size,
+              scheduler_block_size=None, max_in_flight_tokens=None, enable_caching=True,
+              use_eagle=False, num_prefill_lookahead=0, log_stats=False,
+              enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
+              metrics_collector=None, watermark=0.0, enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
             collector = checks.run(impl_collector, metrics_collector)
             config = checks.run(convert.to_impl_config, kv_cache_config)
@@ -58,7 +87,10 @@ class KVCacheManager(Adapter):
     kv_cache_config = None
 
     def get_computed_blocks(self, request):
-        return unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+        # The running release's own shape: (blocks, hits) before 0.26, then
+        # (blocks, hits, a third count), as its method's return annotation says.
+        return answer[:_computed_blocks_arity()]
 
     def get_computed_blocks_for_connector(self, request):
         blocks, num_hits, diverged = unwrap(self).get_computed_blocks_for_connector(

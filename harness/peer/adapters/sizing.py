@@ -463,8 +463,10 @@ def kv_cache_groups_tp_replicas(groups, tp_size, dcp_size=1):
 
 def _to_impl_plan(kv_cache_config):
     plan = isizing.KVCacheConfigPlan(kv_cache_config.num_blocks, [], _groups_of(kv_cache_config))
-    plan.kv_tp_replicas = kv_cache_config.kv_tp_replicas
-    plan.hisparse_host_num_blocks = kv_cache_config.hisparse_host_num_blocks
+    # (older releases' configs have neither field: impl's defaults)
+    plan.kv_tp_replicas = getattr(kv_cache_config, "kv_tp_replicas", plan.kv_tp_replicas)
+    plan.hisparse_host_num_blocks = getattr(kv_cache_config, "hisparse_host_num_blocks",
+                                            plan.hisparse_host_num_blocks)
     return plan
 
 
@@ -651,7 +653,9 @@ def _rebound() -> dict[str, type]:
 
     if not _REBOUND_CLASSES:
         for name in SPEC_CLASSES:
-            vllm_cls = getattr(v, name)
+            vllm_cls = getattr(v, name, None)
+            if vllm_cls is None:  # an older release has no such spec class
+                continue
             maker = _uniform_subclass if name == "UniformTypeKVCacheSpecs" else _spec_subclass
             _REBOUND_CLASSES[name] = maker(vllm_cls)
     return _REBOUND_CLASSES
