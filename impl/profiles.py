@@ -586,3 +586,16 @@ def supported_versions() -> str:
     name = "{0[0]}.{0[1]}".format
     return ", ".join(name(r[0]) if len(r) == 1 else f"{name(r[0])}-{name(r[-1])}"
                      for r in runs)
+
+
+def profiled_releases() -> list[str]:
+    """The followed releases (impl/releases.py) that have a profile, oldest
+    first: what `make matrix` and `make peer-matrix` run."""
+    out = []
+    for release in RELEASES:
+        try:
+            get_profile(release)
+        except UnsupportedVersion:
+            continue
+        out.append(release)
+    return out

@@ -28,9 +28,10 @@ def register(sub) -> None:
 def _cmd_matrix(args) -> int:
     from harness.core.exit_codes import ExitCode, fail, worst
     from harness.core.vllm_releases import UnknownRelease, resolve
-    from harness.releases.matrix.run import profiled_releases, run_matrix
+    from harness.releases.matrix.run import run_matrix
     from harness.releases.matrix.table import format_text, write_reports
     from harness.releases.vllm_overlay import OverlayError, refuse
+    from impl.profiles import profiled_releases
 
     if args.vllm:
         return fail("matrix runs every release through its own overlay: drop --vllm")

@@ -55,11 +55,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from harness.core.vllm_releases import UnknownRelease, resolve
     from harness.peer import matrix
     from harness.releases.vllm_overlay import refuse
+    from impl.profiles import profiled_releases
 
     if args.vllm:
         return _fail("peer --matrix runs every release through its own overlay: drop --vllm")
     try:
-        releases = [resolve(r) for r in (args.releases or matrix.profiled_releases())]
+        releases = [resolve(r) for r in (args.releases or profiled_releases())]
     except UnknownRelease as e:
         return refuse(e, "--releases: ")
     return matrix.main(releases, args.out, args.workers, args.rerun_vllm, args.tests or None)

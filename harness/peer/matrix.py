@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.core.exit_codes import ExitCode, worst
-from harness.core.vllm_releases import RELEASES
 from impl.profiles import UnsupportedVersion, get_profile
 
 # One release's two pytest runs, generously bounded (a loaded 2-core machine).
@@ -46,15 +45,6 @@ class PeerRow:
         return f"{100 * self.impl_passed / self.vllm_passed:.1f}%" if self.vllm_passed else "-"
 
 
-def profiled_releases() -> list[str]:
-    out = []
-    for release in RELEASES:
-        try:
-            get_profile(release)
-        except UnsupportedVersion:
-            continue
-        out.append(release)
-    return out
 
 
 def row_from_summary(release: str, summary: dict, seconds: float, exit_code: int) -> PeerRow:

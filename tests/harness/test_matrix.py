@@ -14,9 +14,9 @@ import pytest
 
 from harness.core.exit_codes import ExitCode
 from harness.core.vllm_releases import RELEASES
-from harness.releases.matrix.run import Row, profiled_releases, row_from_gate
+from harness.releases.matrix.run import Row, row_from_gate
 from harness.releases.matrix.table import format_markdown, format_text
-from impl.profiles import get_profile
+from impl.profiles import get_profile, profiled_releases
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "traces" / "scenarios" / "documented-example.yaml"

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.exit_codes import ExitCode, worst
-from harness.core.vllm_releases import RELEASES, resolve
+from harness.core.vllm_releases import resolve
 from harness.releases.vllm_overlay import ensure
-from impl.profiles import UnsupportedVersion, get_profile
+from impl.profiles import get_profile
 
 # One release's gate, generously bounded (a loaded 2-core machine).
 RELEASE_TIMEOUT_S = 3600
@@ -56,16 +56,6 @@ class Row:
                 ExitCode.INTERRUPTED: "INTERRUPTED"}[self.exit_code]
 
 
-def profiled_releases() -> list[str]:
-    """The followed releases that have a profile, oldest first."""
-    out = []
-    for release in RELEASES:
-        try:
-            get_profile(release)
-        except UnsupportedVersion:
-            continue
-        out.append(release)
-    return out
 
 
 def row_from_gate(release: str, data: dict) -> Row:
