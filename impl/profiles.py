@@ -392,6 +392,10 @@ class VersionProfile:
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
+    # The tier as impl models it: chunk slots, policies by name, per-request
+    # access records handed to the policy when a request finishes (0.32+;
+    # before, other managers: the tier is not modelled, and refused).
+    offload_cpu_tier: bool = False
     # LRU ranks a running request's keys together, by end-token position, and
     # the manager tells the policy of each key a request first sees (0.33).
     offload_request_ranked_lru: bool = False
@@ -526,7 +530,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=True,
          hisparse=True,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         offload_cpu_tier=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,
