@@ -32,6 +32,7 @@ from harness.core.events import (
     Step,
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
+    TruncateComputedBlocks,
 )
 from harness.core.exit_codes import ExitCode
 from harness.core.kinds import kind_row
@@ -130,6 +131,7 @@ class Backend(ABC):
         self._handlers = {
             AddRequest: self._on_add_request,
             Lookup: self._on_lookup,
+            TruncateComputedBlocks: self._on_truncate_computed_blocks,
             Allocate: self._on_allocate,
             AppendTokens: self._on_append_tokens,
             CacheBlocks: self._on_cache_blocks,
@@ -158,13 +160,26 @@ class Backend(ABC):
         return {"block_hashes": [h.hex() for h in self.add_request(ev)]}
 
     def _on_lookup(self, ev: Lookup) -> dict:
-        block_ids, hit_tokens = self.lookup(ev.req, ev.max_cache_hit_length)
+        block_ids, hit_tokens, diverged = self.lookup(ev.req, ev.max_cache_hit_length,
+                                                      ev.for_connector)
         answer = {"hit_tokens": hit_tokens, "block_ids": block_ids}
         if self._report_boundary:
             boundary = self.requests[ev.req].shared_prefix_boundary
             if boundary:
                 answer["shared_prefix_boundary"] = boundary
+        if ev.for_connector:
+            answer["hit_diverged"] = diverged
         return answer
+
+    def _on_truncate_computed_blocks(self, ev: TruncateComputedBlocks) -> dict:
+        if ev.req not in self._pending_hit:
+            self._request(ev.req)  # an unknown request says so first
+            raise BackendError(f"request '{ev.req}' has no pending lookup hit to truncate",
+                               "req")
+        blocks, _ = self._pending_hit[ev.req]
+        cut, block_ids = self._truncate_computed_blocks(blocks, ev.num_computed_tokens)
+        self._pending_hit[ev.req] = (cut, ev.num_computed_tokens)
+        return {"block_ids": block_ids}
 
     def _on_allocate(self, ev: Allocate) -> dict:
         block_ids = self.allocate(ev)
@@ -314,8 +329,8 @@ class Backend(ABC):
         self.requests[ev.req] = request
         return list(request.block_hashes)
 
-    def lookup(self, req: str, max_cache_hit_length: int | None = None
-               ) -> tuple[BlockIds, int]:
+    def lookup(self, req: str, max_cache_hit_length: int | None = None,
+               for_connector: bool = False) -> tuple[BlockIds, int, bool]:
         request = self._request(req)
         if request.num_computed_tokens:
             # vLLM's scheduler looks up only requests with nothing computed
@@ -324,13 +339,21 @@ class Backend(ABC):
             raise BackendError(f"vLLM rejects this: request '{req}' is running "
                                f"({request.num_computed_tokens} computed tokens); only waiting "
                                "requests are looked up")
-        blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
-            request, max_cache_hit_length)
+        diverged = False
+        if for_connector:
+            if max_cache_hit_length is not None:
+                raise BackendError("a connector's lookup takes no max_cache_hit_length",
+                                   "max_cache_hit_length")
+            blocks, hit_tokens, block_ids, boundary, diverged = (
+                self._get_computed_blocks_for_connector(request))
+        else:
+            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
+                request, max_cache_hit_length)
         self._pending_hit[req] = (blocks, hit_tokens)
         # The scheduler keeps the lookup's shared-prefix boundary on the
         # request (sparse retention keeps a checkpoint there).
         request.shared_prefix_boundary = boundary
-        return block_ids, hit_tokens
+        return block_ids, hit_tokens, diverged
 
     def allocate(self, ev: Allocate) -> BlockIds | None:
         request = self._request(ev.req)
@@ -376,6 +399,17 @@ class Backend(ABC):
         """(blocks to pass to allocate, hit tokens, hit block ids per group,
         shared-prefix boundary (0 where the release has none)); the hit at
         most `max_cache_hit_length` tokens when given."""
+
+    def _get_computed_blocks_for_connector(self, request
+                                           ) -> tuple[Any, int, BlockIds, int, bool]:
+        """_get_computed_blocks' four values as a KV connector's lookup gives
+        them, and whether full attention's hit ran deeper than another group's."""
+        raise BackendError(f"{self.name} has no KV connector lookup", "for_connector")
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int
+                                  ) -> tuple[Any, BlockIds]:
+        """A lookup's blocks cut at `num_computed_tokens`, and their ids."""
+        raise BackendError(f"{self.name} cannot truncate a lookup's hit", "op")
 
     @abstractmethod
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:

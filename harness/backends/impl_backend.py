@@ -121,6 +121,16 @@ class ImplBackend(Backend):
                                                                         max_cache_hit_length)
         return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary
 
+    def _get_computed_blocks_for_connector(self, request: Request):
+        blocks, hit_tokens, boundary, diverged = self.manager.get_computed_blocks_for_connector(
+            request)
+        return (blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary,
+                diverged)
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int):
+        cut = self.manager.truncate_computed_blocks(blocks, num_computed_tokens)
+        return cut, [[b.block_id for b in g] for g in cut.blocks]
+
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         new = self.manager.allocate_slots(
             request,

@@ -475,6 +475,23 @@ class VllmBackend(Backend):
         ids = [list(g) for g in blocks.get_block_ids()]
         return blocks, hit_tokens, ids, shared_prefix_boundary
 
+    def _connector_lookup_api(self, field: str) -> None:
+        if not self.api.has_connector_lookup:
+            raise BackendError(f"vLLM {self._release} has no KV connector lookup "
+                               "(get_computed_blocks_for_connector, truncate_computed_blocks)",
+                               field)
+
+    def _get_computed_blocks_for_connector(self, request):
+        self._connector_lookup_api("for_connector")
+        blocks, hit_tokens, boundary, diverged = (
+            self.manager.get_computed_blocks_for_connector(request))
+        return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()], boundary, diverged
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int):
+        self._connector_lookup_api("op")
+        cut = self.manager.truncate_computed_blocks(blocks, num_computed_tokens)
+        return cut, [list(g) for g in cut.get_block_ids()]
+
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         wanted = dict(
             full_sequence_must_fit=ev.full_sequence_must_fit,

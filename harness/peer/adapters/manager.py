@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from harness.peer import convert
-from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
 from harness.peer.adapters.metrics import impl_collector
-from harness.peer.lacks import Checks, NotFromImpl
+from harness.peer.lacks import Checks
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -93,9 +92,7 @@ class KVCacheManager(Adapter):
         return answer[:_computed_blocks_arity()]
 
     def get_computed_blocks_for_connector(self, request):
-        blocks, num_hits, diverged = unwrap(self).get_computed_blocks_for_connector(
-            convert.to_impl_request(request))
-        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION), diverged
+        return unwrap(self).get_computed_blocks_for_connector(convert.to_impl_request(request))
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
