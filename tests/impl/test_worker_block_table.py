@@ -59,3 +59,26 @@ def test_kernel_blocks():
     assert kernel_block_table(table, 16, 8, stride=5).tolist() == [[15, 16, 0, 1]]
     with pytest.raises(ValueError):
         kernel_block_table(table, 16, 5)
+
+
+def test_per_rank_lengths_count_the_slot_mappings_tokens():
+    from impl.worker.cp_local_lengths import dcp_local_seq_lens, skips_context_attention
+
+    # Every length, world and interleave: a rank's length is the number of
+    # positions the slot mapping gives it a slot for.
+    for world in (1, 2, 4):
+        for interleave in (1, 3, 16):
+            block = interleave * 2
+            table = np.arange(1, 65, dtype=np.int32)[None, :]
+            for length in (0, 1, 5, 31, 64, 100):
+                pos = np.arange(length)
+                per_rank = dcp_local_seq_lens([length], world, None, interleave)[0]
+                for r in range(world):
+                    slots = compute_slots(table, block, np.zeros(length, dtype=np.int64), pos,
+                                          ContextParallel(world, r, interleave))
+                    assert per_rank[r] == int((slots >= 0).sum()), (world, interleave, length)
+                    assert dcp_local_seq_lens([length], world, r, interleave)[0] == per_rank[r]
+    assert dcp_local_seq_lens(np.array([10]), 4, None, 16).tolist() == [[10, 0, 0, 0]]
+    assert skips_context_attention([0, 0]) and not skips_context_attention([0, 5])
+    with pytest.raises(ValueError):
+        dcp_local_seq_lens([4], 2, 2)
