@@ -63,7 +63,33 @@ _PUBLIC = ("block_size", "max_num_reqs", "max_num_blocks_per_req", "max_num_batc
            "cp_kv_cache_interleave_size", "slot_mapping_mode", "dcp_world_size", "dcp_rank")
 
 
-class BlockTable:
+class _RowOperations:
+    """The row operations, forwarded to the impl table in `_impl` (vLLM's
+    block id lists as impl's lists: `_ids`)."""
+
+    _impl: object
+
+    @staticmethod
+    def _ids(block_ids):
+        return list(block_ids)
+
+    def append_row(self, block_ids, row_idx: int) -> None:
+        self._impl.append_row(self._ids(block_ids), row_idx)
+
+    def add_row(self, block_ids, row_idx: int) -> None:
+        self._impl.add_row(self._ids(block_ids), row_idx)
+
+    def clear_row(self, row_idx: int) -> None:
+        self._impl.clear_row(row_idx)
+
+    def move_row(self, src: int, tgt: int) -> None:
+        self._impl.move_row(src, tgt)
+
+    def swap_row(self, src: int, tgt: int) -> None:
+        self._impl.swap_row(src, tgt)
+
+
+class BlockTable(_RowOperations):
     """vLLM's BlockTable constructor and methods over impl's BlockTable."""
 
     def __init__(self, block_size, max_num_reqs, max_num_blocks_per_req, max_num_batched_tokens,
@@ -92,21 +118,6 @@ class BlockTable:
     dcp_world_size = property(lambda self: self._impl.cp.world_size)
     dcp_rank = property(lambda self: self._impl.cp.rank)
 
-    def append_row(self, block_ids, row_idx: int) -> None:
-        self._impl.append_row(list(block_ids), row_idx)
-
-    def add_row(self, block_ids, row_idx: int) -> None:
-        self._impl.add_row(list(block_ids), row_idx)
-
-    def clear_row(self, row_idx: int) -> None:
-        self._impl.clear_row(row_idx)
-
-    def move_row(self, src: int, tgt: int) -> None:
-        self._impl.move_row(src, tgt)
-
-    def swap_row(self, src: int, tgt: int) -> None:
-        self._impl.swap_row(src, tgt)
-
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:
         slots = self._impl.compute_slot_mapping(num_reqs, np.asarray(query_start_loc),
                                                 np.asarray(positions))
@@ -129,9 +140,13 @@ class BlockTable:
         return self.block_table.np
 
 
-class MultiGroupBlockTable:
+class MultiGroupBlockTable(_RowOperations):
     """vLLM's MultiGroupBlockTable constructor over impl's: one BlockTable
     adapter per group, over the tables impl built (widths included)."""
+
+    @staticmethod
+    def _ids(block_ids):
+        return [list(ids) for ids in block_ids]
 
     def __init__(self, max_num_reqs, max_num_batched_tokens, pin_memory, device, block_sizes,
                  max_num_blocks, cp_kv_cache_interleave_size=1, slot_mapping_modes=None):
@@ -148,21 +163,6 @@ class MultiGroupBlockTable:
 
     def __dir__(self):
         return ["block_tables"]
-
-    def append_row(self, block_ids, row_idx: int) -> None:
-        self._impl.append_row([list(ids) for ids in block_ids], row_idx)
-
-    def add_row(self, block_ids, row_idx: int) -> None:
-        self._impl.add_row([list(ids) for ids in block_ids], row_idx)
-
-    def clear_row(self, row_idx: int) -> None:
-        self._impl.clear_row(row_idx)
-
-    def move_row(self, src: int, tgt: int) -> None:
-        self._impl.move_row(src, tgt)
-
-    def swap_row(self, src: int, tgt: int) -> None:
-        self._impl.swap_row(src, tgt)
 
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions) -> None:
         for table in self.block_tables:
