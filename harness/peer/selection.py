@@ -1,9 +1,11 @@
 """Which of vLLM's test files `kvconform peer` runs, and why.
 
-All are under the sdist's tests/v1/core. The issue's five files are the KV
-cache manager's unit tests; the extras also drive vLLM's KV cache classes
-directly (not through the Scheduler or an engine). The files left out, with
-the reason, are listed for the report.
+Under the sdist's tests/v1/core: the issue's five files are the KV cache
+manager's unit tests; the extras also drive vLLM's KV cache classes directly
+(not through the Scheduler or an engine). Under tests/v1/kv_offload/cpu: the
+offload tier's manager and policies. Under tests/v1/worker: the worker's
+block tables, slot mappings and context-parallel lengths (issue 22). The
+files left out, with the reason, are listed for the report.
 """
 
 from __future__ import annotations
