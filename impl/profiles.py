@@ -391,6 +391,11 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
+    # The new model runner's forward-pass block tables hold the null block
+    # in a sliding-window group's entries wholly below the window of the
+    # request's first scheduled token (0.33: those blocks may be freed and
+    # reused, and a kernel tile straddling the window start still loads them).
+    worker_nulls_below_window: bool = False
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
     # The tier as impl models it: chunk slots, policies by name, per-request
     # access records handed to the policy when a request finishes (0.32+;
@@ -540,6 +545,7 @@ def _profiles() -> dict[str, VersionProfile]:
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
+         worker_nulls_below_window=True,
          offload_request_ranked_lru=True,
          offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))

@@ -28,7 +28,16 @@ def _entries():
     older release (`kvconform --vllm 0.17.1 peer`) lacks some modules and
     names, and its tests then cannot use them either."""
     import impl.mamba_checkpoint as imc
-    from harness.peer.adapters import hashing, hisparse, manager, metrics, pool, single_type, sizing
+    from harness.peer.adapters import (
+        hashing,
+        hisparse,
+        manager,
+        metrics,
+        pool,
+        single_type,
+        sizing,
+        worker,
+    )
     from harness.peer.instrument import release_module
 
     wanted = [
@@ -69,6 +78,7 @@ def _entries():
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))
+    wanted.extend(worker.REBOUND)
     pairs = []
     for module_name, name, adapter in wanted:
         module = release_module(module_name)
@@ -95,14 +105,20 @@ _CALLER_HELPERS = (
 
 
 def rebind_vllm_callers() -> None:
-    """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
+    """Point the Scheduler's and model runner's checkpoint helpers at impl's,
+    and the model runner's input batch at impl's worker block tables."""
     import impl.mamba_checkpoint as imc
+    from harness.peer.adapters import worker
     from harness.peer.instrument import release_module
 
     for module_name, name in _CALLER_HELPERS:
         module = release_module(module_name)
         if module is not None:  # an older release may not have it
             setattr(module, name, getattr(imc, name))
+    for module_name, name, adapter in worker.CALLERS:
+        module = release_module(module_name)
+        if module is not None and hasattr(module, name):
+            setattr(module, name, adapter)
 
 
 def table() -> dict[int, tuple[object, object]]:
@@ -133,7 +149,9 @@ class _ProxyModule(types.ModuleType):
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
             "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator",
-            "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout")
+            "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout",
+            "vllm.v1.worker.block_table", "vllm.v1.worker.cp_utils",
+            "vllm.v1.attention.backends.utils")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:
