@@ -356,6 +356,10 @@ class VersionProfile:
     hash_lookahead_tokens: bool
     # get_computed_blocks(request, max_cache_hit_length) bounds the hit (0.33).
     max_cache_hit_length: bool
+    # A scheduler with a KV connector looks a request up with
+    # get_computed_blocks_for_connector and may cut the local hit back with
+    # truncate_computed_blocks (0.27+); before, the plain lookup.
+    connector_lookup: bool
     kv_cache_tensor_plan: KVCacheTensorPlan
     unify_pads_pages: UnifyPadsPages
     # Hybrid layer grouping: when the largest per-kind layer count is below
@@ -453,6 +457,7 @@ def _profiles() -> dict[str, VersionProfile]:
         null_block_refcount=True,
         hash_lookahead_tokens=False,
         max_cache_hit_length=False,
+        connector_lookup=False,
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=UnifyPadsPages.NEVER,
         uniform_group_pad_ratio=1.25,
@@ -509,7 +514,8 @@ def _profiles() -> dict[str, VersionProfile]:
          rswa_groups=True)
     then("0.27",
          stats_recorded_at=StatsRecordedAt.ADMISSION,
-         free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
+         free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING,
+         connector_lookup=True)
     then("0.28",
          free_order=FreeOrder.UNHASHED_FIRST,
          partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)

@@ -45,6 +45,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
     assert api.manager_takes_watermark == ("has_scheduled_reqs" in p.admission_controls.args)
     assert api.takes_hash_lookahead_tokens == p.hash_lookahead_tokens
     assert api.lookup_takes_max_cache_hit_length == p.max_cache_hit_length
+    assert api.has_connector_lookup == p.connector_lookup
     assert p.covers(release)
     assert api.has_hisparse == p.hisparse
 
