@@ -391,6 +391,12 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
+    # BlockRemoved goes out for every physical copy of a hash evicted, also
+    # while another copy stays cached (vLLM does not merge equal blocks), so a
+    # consumer that indexes hashes forgets one the engine still holds: a
+    # known bug of every followed release (vllm #55092, #48933, both open).
+    # impl sends the same events; the harness's event reconciliation reads it.
+    kv_events_removed_per_copy: bool = True
 
     @property
     def releases(self) -> str:

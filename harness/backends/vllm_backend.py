@@ -248,17 +248,26 @@ class VllmBackend(Backend):
         # The invariants on vLLM's own pool after every event (UPSTREAM when
         # broken; harness/backends/vllm_invariants.py). HiSparse's two pools
         # are outside the checker's rules.
-        self.checker = None
+        # The KV events reconciled with the pool (specs/ORACLES.md §2) beside it.
+        self.checker = self.reconciler = None
+        self._num_run = 0
         if check and not config.hisparse:
-            from harness.backends.vllm_invariants import VllmPoolChecker
+            from harness.backends.vllm_invariants import UpstreamViolation, VllmPoolChecker
 
             self.checker = VllmPoolChecker(self.manager, self.api, self.requests)
+            self.reconciler = self.event_reconciler(
+                lambda message, block: UpstreamViolation(f"KV events: {message}", block),
+                self.api.hash_map_entries_attr)
             self.run = self._run_checked
 
     def _run_checked(self, event):
-        # The class's run (a subclass's or a patched one), then the checker.
+        # The class's run (a subclass's or a patched one), then the checkers.
+        req = getattr(event, "req", None)
         answer = type(self).run(self, event)
-        self.checker.after(getattr(event, "req", None))
+        self.checker.after(req)
+        if self.reconciler is not None:
+            self.reconciler.after(self._num_run, self.reannounces(req))
+        self._num_run += 1
         return answer
 
     def _bind_request_types(self) -> None:
