@@ -477,10 +477,12 @@ class Backend(ABC):
         codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
         return codes
 
-    def event_reconciler(self, violation, entries_attr: str = "_cache") -> EventReconciler | None:
+    def event_reconciler(self, violation, entries_attr: str = "_cache",
+                         strict: bool = False) -> EventReconciler | None:
         """The KV events reconciled with this backend's pool after every
         event (specs/ORACLES.md §2), where the config publishes events and
-        caches; None elsewhere, and for HiSparse's two pools."""
+        caches; None elsewhere, and for HiSparse's two pools. `strict`: the
+        known upstream bugs the profile records fail too (their reproducers)."""
         config = self.config
         if not (config.enable_kv_cache_events and config.enable_caching) or config.hisparse:
             return None
@@ -490,7 +492,8 @@ class Backend(ABC):
             [kind_row(g.kind).prefix_scan for g in config.groups],
             config.events_use_int_hashes,
             profile is None or profile.kv_event_fields.carries_group, violation,
-            removed_per_copy=profile is None or profile.kv_events_removed_per_copy,
+            removed_per_copy=not strict and (profile is None
+                                             or profile.kv_events_removed_per_copy),
             entries_attr=entries_attr)
 
     def reannounces(self, req: str | None) -> bool:

@@ -194,11 +194,16 @@ class EventReconciler:
             return
         for h in e.block_hashes:
             ext = (medium, group, h)
+            again = touched.get(ext) is True
             touched[ext] = True
             if ext in self._index:
                 self._index.discard(ext)
             elif ext in self._lost:
                 self._lost.discard(ext)  # the last copy of a hash the known bug removed
+            elif again:
+                # Removed twice in one event: the first removal came while this
+                # copy still cached the hash.
+                self._removed_while_cached(step, ext, [])
             else:
                 raise self._violation(
                     f"event #{step}: BlockRemoved for hash {_short(h)} (group {group}), "
@@ -243,14 +248,27 @@ class EventReconciler:
         if not removed:
             raise self._violation(f"event #{step}: block {first} caches hash {h} (group "
                                   f"{group}), but no BlockStored announced it", first)
+        self._removed_while_cached(step, ext, holders)
+
+    def _removed_while_cached(self, step: int, ext, holders: list) -> None:
+        """A BlockRemoved while another copy of the hash was cached: the
+        known bug where the release has it (the index loses the hash, as a
+        consumer's would), else a finding naming the copies."""
         if self._tolerate:
             self.known_bug_hits += 1
-            self._lost.add(ext)
+            if holders:
+                self._lost.add(ext)
             return
-        ids = ", ".join(str(b.block_id) for b in holders)
+        h, group = _short(ext[2]), ext[1]
+        if holders:
+            ids = ", ".join(str(b.block_id) for b in holders)
+            raise self._violation(f"event #{step}: BlockRemoved for hash {h} (group {group}) "
+                                  f"while block(s) {ids} still cache it "
+                                  f"({REMOVED_WHILE_CACHED})", holders[0].block_id)
+        block = self._block_named(ext)
         raise self._violation(f"event #{step}: BlockRemoved for hash {h} (group {group}) "
-                              f"while block(s) {ids} still cache it ({REMOVED_WHILE_CACHED})",
-                              first)
+                              f"while block {block} still cached it: one BlockRemoved per "
+                              f"copy ({REMOVED_WHILE_CACHED})", block)
 
     def _block_named(self, ext) -> int | None:
         for key in self._keys.get(ext, ()):
