@@ -20,7 +20,9 @@ The same code watches impl's pool and vLLM's: both keep vLLM's shape
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from impl.block_hash import external_block_hash
 
@@ -28,19 +30,22 @@ GPU = "GPU"
 # The residency rule's case that every followed release breaks (vllm #55092,
 # #48933); the profile field kv_events_removed_per_copy says which.
 REMOVED_WHILE_CACHED = "removed-while-cached"
-_CLEARED = (None, None)  # a clear() in the map's log
+_CLEARED = (None, None, 0)  # a clear() in the map's log
 
 
 def _logging_class(cls, log: list):
-    """The map's class, its insert/pop/clear logging (key, block id)."""
+    """The map's class, its insert, pop (when it took a block) and clear
+    logging (key, block id, +1 / -1)."""
 
     def insert(self, key, block):
-        log.append((key, block.block_id))
+        log.append((key, block.block_id, 1))
         return cls.insert(self, key, block)
 
     def pop(self, key, block_id):
-        log.append((key, block_id))
-        return cls.pop(self, key, block_id)
+        block = cls.pop(self, key, block_id)
+        if block is not None:
+            log.append((key, block_id, -1))
+        return block
 
     namespace = {"__slots__": (), "insert": insert, "pop": pop, "_reconcile_log": log}
     if hasattr(cls, "clear"):
@@ -50,6 +55,18 @@ def _logging_class(cls, log: list):
 
         namespace["clear"] = clear
     return type(f"Logged{cls.__name__}", (cls,), namespace)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What one event did to each hash: copies the map gained and lost, and
+    the announcements and removals its events made."""
+
+    copies_in: Counter = field(default_factory=Counter)
+    copies_out: Counter = field(default_factory=Counter)
+    stored: Counter = field(default_factory=Counter)
+    removed: Counter = field(default_factory=Counter)
+    touched: set = field(default_factory=set)
 
 
 class EventReconciler:
@@ -141,39 +158,33 @@ class EventReconciler:
             return
         if replaced:
             self._watch_map()
-        logged, inserted, cleared = self._read_log()
-        cleared = cleared or replaced
+        tally = _Tally()
+        cleared = self._read_log(tally) or replaced
         if cleared and not any(type(e).__name__ == "AllBlocksCleared" for e in events):
             raise self._violation(f"event #{step}: the cached-block map was emptied without "
                                   "an AllBlocksCleared event", None)
-        touched: dict = {ext: False for ext in logged}
         for e in events:
-            self._apply(step, e, touched, inserted, reannounce)
-        for ext, removed in touched.items():
-            self._check_residency(step, ext, removed)
+            self._apply(step, e, tally, reannounce)
+        for ext in tally.touched:
+            self._check_residency(step, ext, tally)
 
-    def _read_log(self) -> tuple[set, set, bool]:
-        """The external keys the map's log names, those that got a copy
-        inserted (the key holds the logged block now), and whether the map
-        was cleared."""
-        logged, inserted, cleared = set(), set(), False
-        entries, last = self._entries(), self._last_block
-        for key, block_id in self._log:
+    def _read_log(self, tally: _Tally) -> bool:
+        """The map's log into `tally`; whether the map was cleared."""
+        cleared = False
+        last = self._last_block
+        for key, block_id, sign in self._log:
             if key is None:
                 cleared = True
                 continue
             ext = self._external(key)
             self._keys.setdefault(ext, set()).add(key)
             last[key] = block_id
-            logged.add(ext)
-            found = entries.get(key)
-            if found is not None and (block_id in found if type(found) is dict
-                                      else found.block_id == block_id):
-                inserted.add(ext)
+            tally.touched.add(ext)
+            (tally.copies_in if sign > 0 else tally.copies_out)[ext] += 1
         self._log.clear()
-        return logged, inserted, cleared
+        return cleared
 
-    def _apply(self, step: int, e, touched: dict, inserted: set, reannounce: bool) -> None:
+    def _apply(self, step: int, e, tally: _Tally, reannounce: bool) -> None:
         kind = type(e).__name__
         if kind == "AllBlocksCleared":
             if len(self._entries()):
@@ -190,28 +201,36 @@ class EventReconciler:
                                   f"pool's is {self._medium}", None)
         group = e.group_idx if self._carries_group else None
         if kind == "BlockStored":
-            self._stored(step, e, (medium, group), touched, inserted, reannounce)
+            self._stored(step, e, (medium, group), tally, reannounce)
             return
         for h in e.block_hashes:
-            ext = (medium, group, h)
-            again = touched.get(ext) is True
-            touched[ext] = True
-            if ext in self._index:
-                self._index.discard(ext)
-            elif ext in self._lost:
-                self._lost.discard(ext)  # the last copy of a hash the known bug removed
-            elif again:
-                # Removed twice in one event: the first removal came while this
-                # copy still cached the hash.
-                self._removed_while_cached(step, ext, [])
-            else:
-                raise self._violation(
-                    f"event #{step}: BlockRemoved for hash {_short(h)} (group {group}), "
-                    "which the events never announced or already removed",
-                    self._block_named(ext))
+            self._removed(step, (medium, group, h), tally)
 
-    def _stored(self, step: int, e, where: tuple, touched: dict, inserted: set,
-                reannounce: bool) -> None:
+    def _removed(self, step: int, ext, tally: _Tally) -> None:
+        tally.touched.add(ext)
+        tally.removed[ext] += 1
+        h, group = _short(ext[2]), ext[1]
+        if tally.removed[ext] > tally.copies_out[ext]:
+            block = self._block_named(ext)
+            raise self._violation(
+                f"event #{step}: BlockRemoved for hash {h} (group {group}{_in(block)}) "
+                f"{tally.removed[ext]} time(s), but {tally.copies_out[ext]} cop(ies) of it left "
+                "the cache", block)
+        if ext in self._index:
+            self._index.discard(ext)
+        elif ext in self._lost:
+            self._lost.discard(ext)  # the last copy of a hash the known bug removed
+        elif tally.removed[ext] > 1:
+            # Removed again in one event: the first removal came while this
+            # copy still cached the hash.
+            self._removed_while_cached(step, ext, [])
+        else:
+            block = self._block_named(ext)
+            raise self._violation(
+                f"event #{step}: BlockRemoved for hash {h} (group {group}{_in(block)}), which "
+                "the events never announced or already removed", block)
+
+    def _stored(self, step: int, e, where: tuple, tally: _Tally, reannounce: bool) -> None:
         group, parent = where[1], e.parent_block_hash
         if (parent is not None and group is not None and group < len(self._chained)
                 and self._chained[group] and e.block_size == self._block_sizes[group]
@@ -221,16 +240,21 @@ class EventReconciler:
                 f"{group}), which the events never announced", None)
         for h in e.block_hashes:
             ext = (*where, h)
-            touched.setdefault(ext, False)
-            if ext in self._index and not reannounce and ext not in inserted:
+            tally.touched.add(ext)
+            # A second announcement needs a copy this event cached, unless
+            # the request has its hits announced again.
+            if ext in self._index and not reannounce and (
+                    tally.stored[ext] >= tally.copies_in[ext]):
+                block = self._block_named(ext)
                 raise self._violation(
-                    f"event #{step}: BlockStored announces hash {_short(h)} (group {group}) "
-                    "again, and no other copy of it was cached", self._block_named(ext))
+                    f"event #{step}: BlockStored announces hash {_short(h)} (group "
+                    f"{group}{_in(block)}) again, and no other copy of it was cached", block)
+            tally.stored[ext] += 1
             self._index.add(ext)
             self._announced.add(ext)
             self._lost.discard(ext)
 
-    def _check_residency(self, step: int, ext, removed: bool) -> None:
+    def _check_residency(self, step: int, ext, tally: _Tally) -> None:
         holders = self._holders(ext)
         if (ext in self._index) == bool(holders):
             return
@@ -245,7 +269,7 @@ class EventReconciler:
         if ext in self._lost:
             return
         first = holders[0].block_id
-        if not removed:
+        if not tally.removed[ext]:
             raise self._violation(f"event #{step}: block {first} caches hash {h} (group "
                                   f"{group}), but no BlockStored announced it", first)
         self._removed_while_cached(step, ext, holders)
@@ -279,3 +303,7 @@ class EventReconciler:
 
 def _short(h) -> str:
     return bytes(h)[:6].hex() if isinstance(h, (bytes, bytearray)) else str(h)
+
+
+def _in(block: int | None) -> str:
+    return "" if block is None else f", block {block}"
