@@ -397,6 +397,12 @@ class VersionProfile:
     # known bug of every followed release (vllm #55092, #48933, both open).
     # impl sends the same events; the harness's event reconciliation reads it.
     kv_events_removed_per_copy: bool = True
+    # A hit of a request whose kv_cache_report_mode is full is announced
+    # again with the hash of every block it spans, its null (skipped) blocks'
+    # too, which no block caches and no BlockRemoved will ever retract (0.32:
+    # emit_cached_block_events counts the hit's blocks, nulls included; a
+    # known bug). impl does the same; the event reconciliation reads it.
+    full_report_announces_skipped_blocks: bool = False
 
     @property
     def releases(self) -> str:
@@ -525,7 +531,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=True,
          hisparse=True,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         full_report_announces_skipped_blocks=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,

@@ -494,6 +494,8 @@ class Backend(ABC):
             profile is None or profile.kv_event_fields.carries_group, violation,
             removed_per_copy=not strict and (profile is None
                                              or profile.kv_events_removed_per_copy),
+            announces_skipped=not strict and (
+                profile is None or profile.full_report_announces_skipped_blocks),
             entries_attr=entries_attr)
 
     def reannounces(self, req: str | None) -> bool:

@@ -30,6 +30,9 @@ GPU = "GPU"
 # The residency rule's case that every followed release breaks (vllm #55092,
 # #48933); the profile field kv_events_removed_per_copy says which.
 REMOVED_WHILE_CACHED = "removed-while-cached"
+# The never-cached case that 0.32's full-report hits make (a null block of a
+# hit announced; profile field full_report_announces_skipped_blocks).
+NEVER_CACHED = "never-cached"
 _CLEARED = (None, None, 0)  # a clear() in the map's log
 
 
@@ -78,11 +81,14 @@ class EventReconciler:
     `removed_per_copy`: the release sends BlockRemoved for every physical
     copy (a known upstream bug): such a removal drops the hash from the index
     as it would from a consumer's, is counted in `known_bug_hits`, and the
-    hash's remaining copies and last removal are then no finding."""
+    hash's remaining copies and last removal are then no finding.
+    `announces_skipped`: a full-report hit announces its null blocks' hashes
+    too (a known upstream bug): counted, and the hash leaves the index."""
 
     def __init__(self, pool, groups: list, parent_chained: list[bool], as_int: bool,
                  carries_group: bool, violation: Callable[[str, int | None], Exception],
-                 removed_per_copy: bool = False, entries_attr: str = "_cache") -> None:
+                 removed_per_copy: bool = False, announces_skipped: bool = False,
+                 entries_attr: str = "_cache") -> None:
         self._pool = pool
         self._block_sizes = [g.block_size for g in groups]
         self._chained = parent_chained
@@ -90,9 +96,13 @@ class EventReconciler:
         self._carries_group = carries_group
         self._violation = violation
         self._tolerate = removed_per_copy
+        # The release announces a full-report hit's skipped (null) blocks
+        # (a known upstream bug): such a hash leaves the index again.
+        self._tolerate_skipped = announces_skipped
         self._entries_attr = entries_attr
         self._medium = getattr(pool, "medium", GPU)
         self.known_bug_hits = 0
+        self._reannounced = False
         self._log: list = []
         self._map = None
         self._queue = pool.kv_event_queue
@@ -159,6 +169,7 @@ class EventReconciler:
         if replaced:
             self._watch_map()
         tally = _Tally()
+        self._reannounced = reannounce
         cleared = self._read_log(tally) or replaced
         if cleared and not any(type(e).__name__ == "AllBlocksCleared" for e in events):
             raise self._violation(f"event #{step}: the cached-block map was emptied without "
@@ -260,10 +271,16 @@ class EventReconciler:
             return
         h, group = _short(ext[2]), ext[1]
         if not holders:
+            if self._tolerate_skipped and self._reannounced and tally.stored[ext] and (
+                    not tally.copies_in[ext]):
+                self.known_bug_hits += 1
+                self._index.discard(ext)
+                return
             block = self._block_named(ext)
             if block is None:
                 raise self._violation(f"event #{step}: BlockStored announced hash {h} (group "
-                                      f"{group}), which no block ever cached", None)
+                                      f"{group}), which no block ever cached ({NEVER_CACHED})",
+                                      None)
             raise self._violation(f"event #{step}: block {block} no longer caches hash {h} "
                                   f"(group {group}), but no BlockRemoved said so", block)
         if ext in self._lost:

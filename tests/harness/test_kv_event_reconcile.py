@@ -199,6 +199,35 @@ def test_cleared_rule_catches_all_blocks_cleared_while_blocks_stay_cached():
             6)
 
 
+REPRODUCERS = ("traces/upstream/block-removed-while-copy-cached.jsonl",
+               "traces/upstream/full-report-announces-skipped-block.jsonl")
+
+
+@pytest.mark.parametrize("path", REPRODUCERS)
+def test_the_gate_reports_each_known_reconciliation_bug_and_passes(path):
+    from harness.gate.cases import KNOWN_UPSTREAM, run_trace
+
+    case = run_trace(path)
+    assert case.label == KNOWN_UPSTREAM, case.report
+    assert case.exit_code == ExitCode.OK
+    assert "vLLM is wrong" in case.report
+
+
+def test_a_finding_vllm_no_longer_makes_is_fixed_in_the_release(tmp_path):
+    import json
+    import shutil
+
+    from harness.gate.cases import run_trace
+
+    shutil.copy(REPRODUCERS[0], tmp_path / "bug.jsonl")
+    (tmp_path / "bug.bug.json").write_text(json.dumps(
+        {"releases_affected": ["0.1.0"], "expected": {"call": 11, "finding": "chained"},
+         "link": "https://example.invalid"}))
+    case = run_trace(str(tmp_path / "bug.jsonl"))
+    assert case.label.startswith("fixed in "), case.label
+    assert case.exit_code == ExitCode.OK
+
+
 def _with(event, **changes):
     import msgspec
 
