@@ -20,9 +20,7 @@ The same code watches impl's pool and vLLM's: both keep vLLM's shape
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from impl.block_hash import external_block_hash
 
@@ -60,16 +58,16 @@ def _logging_class(cls, log: list):
     return type(f"Logged{cls.__name__}", (cls,), namespace)
 
 
-@dataclass(slots=True)
-class _Tally:
-    """What one event did to each hash: copies the map gained and lost, and
-    the announcements and removals its events made."""
+# What one event did to a hash, in its tally (hash -> four counts): copies
+# the map gained and lost, announcements and removals its events made.
+_IN, _OUT, _STORED, _REMOVED = range(4)
 
-    copies_in: Counter = field(default_factory=Counter)
-    copies_out: Counter = field(default_factory=Counter)
-    stored: Counter = field(default_factory=Counter)
-    removed: Counter = field(default_factory=Counter)
-    touched: set = field(default_factory=set)
+
+def _counts(tally: dict, ext) -> list:
+    counts = tally.get(ext)
+    if counts is None:
+        counts = tally[ext] = [0, 0, 0, 0]
+    return counts
 
 
 class EventReconciler:
@@ -114,9 +112,10 @@ class EventReconciler:
         self._lost: set = set()
         self._keys: dict = {}  # external key -> the map's keys for it
         self._last_block: dict = {}  # map key -> the block its last insert/pop named
+        self._ext_of: dict = {}  # map key -> its external key, once worked out
         self._watch_map()
         for key in list(self._entries()):
-            ext = self._external(key)
+            ext = self._ext_of[key] = self._external(key)
             self._keys.setdefault(ext, set()).add(key)
             self._index.add(ext)
             self._announced.add(ext)
@@ -162,13 +161,16 @@ class EventReconciler:
     def after(self, step: int, reannounce: bool = False) -> None:
         """The rules for what event #`step` did; `reannounce`: its request
         has its hits announced again (kv_cache_report_mode full)."""
-        replaced = self._pool.cached_block_hash_to_block is not self._map
+        pool = self._pool
+        queue = pool.kv_event_queue
+        replaced = pool.cached_block_hash_to_block is not self._map
+        if not (self._log or replaced or queue is not self._queue
+                or len(queue) != self._seen):
+            return  # nothing happened to the map or the events: the common case
         events = self._new_events()
-        if not events and not self._log and not replaced:
-            return
         if replaced:
             self._watch_map()
-        tally = _Tally()
+        tally: dict = {}
         self._reannounced = reannounce
         cleared = self._read_log(tally) or replaced
         if cleared and not any(type(e).__name__ == "AllBlocksCleared" for e in events):
@@ -176,26 +178,27 @@ class EventReconciler:
                                   "an AllBlocksCleared event", None)
         for e in events:
             self._apply(step, e, tally, reannounce)
-        for ext in tally.touched:
-            self._check_residency(step, ext, tally)
+        for ext, counts in tally.items():
+            self._check_residency(step, ext, counts)
 
-    def _read_log(self, tally: _Tally) -> bool:
+    def _read_log(self, tally: dict) -> bool:
         """The map's log into `tally`; whether the map was cleared."""
         cleared = False
-        last = self._last_block
+        last, ext_of = self._last_block, self._ext_of
         for key, block_id, sign in self._log:
             if key is None:
                 cleared = True
                 continue
-            ext = self._external(key)
-            self._keys.setdefault(ext, set()).add(key)
+            ext = ext_of.get(key)
+            if ext is None:
+                ext = ext_of[key] = self._external(key)
+                self._keys.setdefault(ext, set()).add(key)
             last[key] = block_id
-            tally.touched.add(ext)
-            (tally.copies_in if sign > 0 else tally.copies_out)[ext] += 1
+            _counts(tally, ext)[_IN if sign > 0 else _OUT] += 1
         self._log.clear()
         return cleared
 
-    def _apply(self, step: int, e, tally: _Tally, reannounce: bool) -> None:
+    def _apply(self, step: int, e, tally: dict, reannounce: bool) -> None:
         kind = type(e).__name__
         if kind == "AllBlocksCleared":
             if len(self._entries()):
@@ -217,21 +220,21 @@ class EventReconciler:
         for h in e.block_hashes:
             self._removed(step, (medium, group, h), tally)
 
-    def _removed(self, step: int, ext, tally: _Tally) -> None:
-        tally.touched.add(ext)
-        tally.removed[ext] += 1
+    def _removed(self, step: int, ext, tally: dict) -> None:
+        counts = _counts(tally, ext)
+        counts[_REMOVED] += 1
         h, group = _short(ext[2]), ext[1]
-        if tally.removed[ext] > tally.copies_out[ext]:
+        if counts[_REMOVED] > counts[_OUT]:
             block = self._block_named(ext)
             raise self._violation(
                 f"event #{step}: BlockRemoved for hash {h} (group {group}{_in(block)}) "
-                f"{tally.removed[ext]} time(s), but {tally.copies_out[ext]} cop(ies) of it left "
+                f"{counts[_REMOVED]} time(s), but {counts[_OUT]} cop(ies) of it left "
                 "the cache", block)
         if ext in self._index:
             self._index.discard(ext)
         elif ext in self._lost:
             self._lost.discard(ext)  # the last copy of a hash the known bug removed
-        elif tally.removed[ext] > 1:
+        elif counts[_REMOVED] > 1:
             # Removed again in one event: the first removal came while this
             # copy still cached the hash.
             self._removed_while_cached(step, ext, [])
@@ -241,7 +244,7 @@ class EventReconciler:
                 f"event #{step}: BlockRemoved for hash {h} (group {group}{_in(block)}), which "
                 "the events never announced or already removed", block)
 
-    def _stored(self, step: int, e, where: tuple, tally: _Tally, reannounce: bool) -> None:
+    def _stored(self, step: int, e, where: tuple, tally: dict, reannounce: bool) -> None:
         group, parent = where[1], e.parent_block_hash
         if (parent is not None and group is not None and group < len(self._chained)
                 and self._chained[group] and e.block_size == self._block_sizes[group]
@@ -251,28 +254,28 @@ class EventReconciler:
                 f"{group}), which the events never announced", None)
         for h in e.block_hashes:
             ext = (*where, h)
-            tally.touched.add(ext)
+            counts = _counts(tally, ext)
             # A second announcement needs a copy this event cached, unless
             # the request has its hits announced again.
             if ext in self._index and not reannounce and (
-                    tally.stored[ext] >= tally.copies_in[ext]):
+                    counts[_STORED] >= counts[_IN]):
                 block = self._block_named(ext)
                 raise self._violation(
                     f"event #{step}: BlockStored announces hash {_short(h)} (group "
                     f"{group}{_in(block)}) again, and no other copy of it was cached", block)
-            tally.stored[ext] += 1
+            counts[_STORED] += 1
             self._index.add(ext)
             self._announced.add(ext)
             self._lost.discard(ext)
 
-    def _check_residency(self, step: int, ext, tally: _Tally) -> None:
+    def _check_residency(self, step: int, ext, counts: list) -> None:
         holders = self._holders(ext)
         if (ext in self._index) == bool(holders):
             return
         h, group = _short(ext[2]), ext[1]
         if not holders:
-            if self._tolerate_skipped and self._reannounced and tally.stored[ext] and (
-                    not tally.copies_in[ext]):
+            if self._tolerate_skipped and self._reannounced and counts[_STORED] and (
+                    not counts[_IN]):
                 self.known_bug_hits += 1
                 self._index.discard(ext)
                 return
@@ -286,7 +289,7 @@ class EventReconciler:
         if ext in self._lost:
             return
         first = holders[0].block_id
-        if not tally.removed[ext]:
+        if not counts[_REMOVED]:
             raise self._violation(f"event #{step}: block {first} caches hash {h} (group "
                                   f"{group}), but no BlockStored announced it", first)
         self._removed_while_cached(step, ext, holders)
