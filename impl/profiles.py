@@ -403,6 +403,13 @@ class VersionProfile:
     # emit_cached_block_events counts the hit's blocks, nulls included; a
     # known bug). impl does the same; the event reconciliation reads it.
     full_report_announces_skipped_blocks: bool = False
+    # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
+    # LRU ranks a running request's keys together, by end-token position, and
+    # the manager tells the policy of each key a request first sees (0.33).
+    offload_request_ranked_lru: bool = False
+    # A failed store is announced as a metadata-only removal, dropped at drain
+    # time for keys held again by then (0.33); before, it is silent.
+    offload_failed_store_events: bool = False
 
     @property
     def releases(self) -> str:
@@ -540,7 +547,9 @@ def _profiles() -> dict[str, VersionProfile]:
          hash_lookahead_tokens=True,
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
+         offload_request_ranked_lru=True,
+         offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}
 
