@@ -246,9 +246,8 @@ class EventReconciler:
 
     def _stored(self, step: int, e, where: tuple, tally: dict, reannounce: bool) -> None:
         group, parent = where[1], e.parent_block_hash
-        if (parent is not None and group is not None and group < len(self._chained)
-                and self._chained[group] and e.block_size == self._block_sizes[group]
-                and (*where, parent) not in self._announced):
+        if parent is not None and self._chains(group, e.block_size) and (
+                (*where, parent) not in self._announced):
             raise self._violation(
                 f"event #{step}: BlockStored chains to parent {_short(parent)} (group "
                 f"{group}), which the events never announced", None)
@@ -267,6 +266,14 @@ class EventReconciler:
             self._index.add(ext)
             self._announced.add(ext)
             self._lost.discard(ext)
+
+    def _chains(self, group: int | None, block_size: int) -> bool:
+        """Whether a BlockStored of `group` at `block_size` names a parent the
+        events announced (events without a group: when every group does)."""
+        if group is None:
+            return all(self._chained) and block_size in self._block_sizes
+        return (group < len(self._chained) and self._chained[group]
+                and block_size == self._block_sizes[group])
 
     def _check_residency(self, step: int, ext, counts: list) -> None:
         holders = self._holders(ext)
