@@ -400,6 +400,18 @@ class VersionProfile:
     # request's first scheduled token (0.33: those blocks may be freed and
     # reused, and a kernel tile straddling the window start still loads them).
     worker_nulls_below_window: bool = False
+    # BlockRemoved goes out for every physical copy of a hash evicted, also
+    # while another copy stays cached (vLLM does not merge equal blocks), so a
+    # consumer that indexes hashes forgets one the engine still holds: a
+    # known bug of every followed release (vllm #55092, #48933, both open).
+    # impl sends the same events; the harness's event reconciliation reads it.
+    kv_events_removed_per_copy: bool = True
+    # A hit of a request whose kv_cache_report_mode is full is announced
+    # again with the hash of every block it spans, its null (skipped) blocks'
+    # too, which no block caches and no BlockRemoved will ever retract (0.32:
+    # emit_cached_block_events counts the hit's blocks, nulls included; a
+    # known bug). impl does the same; the event reconciliation reads it.
+    full_report_announces_skipped_blocks: bool = False
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
     # The tier as impl models it: chunk slots, policies by name, per-request
     # access records handed to the policy when a request finishes (0.32+;
@@ -542,7 +554,8 @@ def _profiles() -> dict[str, VersionProfile]:
          mamba_prefill_checkpoints=True,
          hisparse=True,
          eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
-         offload_cpu_tier=True)
+         offload_cpu_tier=True,
+         full_report_announces_skipped_blocks=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
+from harness.backends.kv_event_reconcile import EventReconciler
 from harness.core.cache_config import CacheConfig
 from harness.core.events import (
     AddRequest,
@@ -509,6 +510,33 @@ class Backend(ABC):
                     codes[b.block_id] = k if codes[b.block_id] < 0 else POOL_SHARED
         codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
         return codes
+
+    def event_reconciler(self, violation, entries_attr: str = "_cache",
+                         strict: bool = False) -> EventReconciler | None:
+        """The KV events reconciled with this backend's pool after every
+        event (specs/ORACLES.md §2), where the config publishes events and
+        caches; None elsewhere, and for HiSparse's two pools. `strict`: the
+        known upstream bugs the profile records fail too (their reproducers)."""
+        config = self.config
+        if not (config.enable_kv_cache_events and config.enable_caching) or config.hisparse:
+            return None
+        profile = self.profile
+        return EventReconciler(
+            self.manager.block_pool, self.manager.coordinator.single_type_managers,
+            [kind_row(g.kind).prefix_scan for g in config.groups],
+            config.events_use_int_hashes,
+            profile is None or profile.kv_event_fields.carries_group, violation,
+            removed_per_copy=not strict and (profile is None
+                                             or profile.kv_events_removed_per_copy),
+            announces_skipped=not strict and (
+                profile is None or profile.full_report_announces_skipped_blocks),
+            entries_attr=entries_attr)
+
+    def reannounces(self, req: str | None) -> bool:
+        """Whether a call on `req` may announce its hits again as KV events
+        (kv_cache_report_mode full)."""
+        request = self.requests.get(req) if req is not None else None
+        return getattr(request, "kv_cache_report_mode", "incremental") == "full"
 
     def pending_kv_events(self) -> list | None:
         """The KV events the manager has queued and not handed out yet (its

@@ -77,6 +77,9 @@ class ImplBackend(Backend):
         self._one_group = len(self._no_blocks.blocks) == 1
         # Run the invariant checker after every event (slow; for the fuzzer).
         self.checker = InvariantChecker() if check else None
+        # Its KV events reconciled with its pool too (specs/ORACLES.md §2).
+        self.reconciler = self.event_reconciler(_violation) if check else None
+        self._num_run = 0
         if check:
             self.run = self._run_checked
 
@@ -92,8 +95,12 @@ class ImplBackend(Backend):
                 pass
 
     def _run_checked(self, event):
+        req = getattr(event, "req", None)
         answer = Backend.run(self, event)
         self.checker.check(self.manager)
+        if self.reconciler is not None:
+            self.reconciler.after(self._num_run, self.reannounces(req))
+        self._num_run += 1
         return answer
 
     def _new_request(self, ev: AddRequest) -> Request:
@@ -214,3 +221,7 @@ class ImplBackend(Backend):
             kv_event_json(type(e).__name__, {f: getattr(e, f) for f in e.__slots__})
             for e in self.manager.take_events()
         ]
+
+
+def _violation(message: str, block: int | None) -> InvariantViolation:
+    return InvariantViolation(f"KV events: {message}")

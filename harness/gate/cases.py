@@ -224,20 +224,46 @@ def is_known_upstream(path: str) -> bool:
 def run_known_upstream(path: str, bug: dict) -> Case:
     """The reproducer on vLLM alone: "known upstream bug" where vLLM still
     does what the sidecar expects, "fixed in X" where it no longer does;
-    exit 0 either way."""
+    exit 0 either way. The sidecar expects an exception vLLM raises, or a
+    `finding`: the rule a reconciliation that tolerates the known bug
+    (a profile field) names when strict (specs/ORACLES.md §3)."""
     from harness.backends.vllm_backend import installed_vllm_version
     from harness.sources.replay import check_trace
 
-    o = check_trace(path, ["vllm"], explicit=False)
+    expected = bug["expected"]
+    if "finding" in expected:
+        events, seconds, said = _strict_finding(path, expected["call"])
+        reproduced, skipped = expected["finding"] in said, None
+    else:
+        o = check_trace(path, ["vllm"], explicit=False)
+        events, seconds, skipped = o.num_events, o.seconds, o.skipped
+        said = str(o.error) if o.error is not None else ""
+        reproduced = expected["exception"] in said
     release = installed_vllm_version().split("+")[0]
-    said = str(o.error) if o.error is not None else ""
-    reproduced = bug["expected"]["exception"] in said
     label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
     report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
-    if o.skipped:
-        label, report = "skipped", f"{path}: {o.skipped}"
-    return Case(case_name(path), "trace", "upstream", o.num_events, o.seconds, ExitCode.OK,
+    if skipped:
+        label, report = "skipped", f"{path}: {skipped}"
+    return Case(case_name(path), "trace", "upstream", events, seconds, ExitCode.OK,
                 report, label=label)
+
+
+def _strict_finding(path: str, call: int) -> tuple[int, float, str]:
+    """The trace on vLLM with every known bug failing: the events run, the
+    seconds, and the message of an UPSTREAM finding at `call` (1-based)
+    ("" when there is none there)."""
+    from harness.backends.lockstep import run_lockstep
+    from harness.backends.vllm_backend import VllmBackend
+    from harness.core.compare import FailureKind
+    from harness.trace.reader import open_trace
+
+    start = time.perf_counter()
+    trace = open_trace(path)
+    backend = VllmBackend(trace.header.cache, trace.profile, check=True, strict=True)
+    result = run_lockstep((r.event for r in trace.records), [backend])
+    f = result.failure
+    found = (f is not None and f.kind is FailureKind.UPSTREAM and f.index == call - 1)
+    return result.num_events, time.perf_counter() - start, f.message if found else ""
 
 
 def run_trace(path: str, backend: str = "impl") -> Case:
