@@ -23,6 +23,7 @@ const HELLO = {
     ops: OPS, checkpoint_fields: ['free_queue', 'num_free', 'usage', 'stats', 'events',
       'free_queue_digest'],
     inspect: true,
+    restart: true,  // a new `start` discards every state: one process serves many runs
   },
 };
 
@@ -351,7 +352,8 @@ class Manager {
     const r = this.req(ev.req);
     const numNew = ev.num_new_tokens, ahead = ev.num_lookahead_tokens || 0;
     const ext = ev.num_external_computed_tokens || 0;
-    if (ev.num_encoder_tokens || ev.reserved_blocks) throw new NotCovered('num_encoder_tokens / reserved_blocks');
+    if (ev.num_encoder_tokens) throw new NotCovered('num_encoder_tokens');
+    const reserved = ev.reserved_blocks || 0;  // kept free for others: only this allocation counts them
     const hit = r.hit; r.hit = null;
     const hitTokens = hit ? hit.length * this.bs : 0;
     if (!(numNew || ext || hitTokens)) throw new Rejected('vLLM rejects this: ValueError: nothing to allocate', 'num_new_tokens');
@@ -365,7 +367,7 @@ class Manager {
       if (this.blocksToAllocate(r, whole, hitBlocks) + headroom > this.queue.n) return { refused: true };
     }
     const slots = Math.min(computed + numNew + ahead, this.maxLen);
-    if (this.blocksToAllocate(r, slots, hitBlocks) + headroom > this.queue.n) return { refused: true };
+    if (this.blocksToAllocate(r, slots, hitBlocks) + headroom > this.queue.n - reserved) return { refused: true };
     if (hit !== null || ext > 0) {
       if (!this.numCached.has(r.id)) {
         this.touch(hitBlocks);

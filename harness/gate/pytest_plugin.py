@@ -358,19 +358,25 @@ class FuzzItem(_CaseItem):
 
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.core.exit_codes import ExitCode
         from harness.fuzz.campaign import MIN_CASES
         from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz, run_sizing_fuzz
+        from harness.gate.cases import NOT_COVERED, Case, run_fuzz, run_sizing_fuzz
 
         fuzz_config = load_kind_config(self.kind)
+        backend = self.config.option.kvconform_backend
         if isinstance(fuzz_config, SizingFuzzConfig):
+            if backend != "impl":  # model shapes are sized by impl's sizing
+                return Case(self.name, "fuzz", "-", 0, 0.0, ExitCode.OK,
+                            message=f"{NOT_COVERED}{backend}: model shapes' sizing",
+                            label=f"{NOT_COVERED}{backend}")
             return run_sizing_fuzz(self.name, self.seconds, self.seed,
                                    self.config.option.kvconform_fuzz_out, fuzz_config,
                                    min_cases=MIN_CASES)
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
                         self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
-                        min_cases=MIN_CASES)
+                        min_cases=MIN_CASES, backend=backend)
 
     def reportinfo(self):
         return "fuzz", None, self.name
@@ -390,9 +396,8 @@ def pytest_collection_modifyitems(session, config, items):
             if _worker_runs():
                 items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
                              for c in WORKLOADS)
-    # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
-    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
-            getattr(opts, "kvconform_backend", "impl") == "impl"):
+    # The fuzz campaign drives impl or the foreign backend, beside vLLM.
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 
