@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // An example kvconform foreign backend (specs/FOREIGN_BACKEND.md) in plain
-// Node.js: vLLM 0.32's KV cache manager for one full-attention group, with
+// Node.js: vLLM 0.32's KV cache manager for one full-attention or sliding-window group, with
 // prefix caching, the free queue's eviction order, sha256 / sha256_cbor block
 // hashes (NONE_HASH as 0.32 derives it), LoRA and cache-salt extra keys, KV
 // events and prefix-cache stats. No npm packages.
@@ -19,7 +19,8 @@ const HELLO = {
   kvconform_foreign_backend: 1,
   name: 'node-example',
   capabilities: {
-    profiles: ['0.32'], kinds: ['full_attention'], hash_algos: ['sha256', 'sha256_cbor'],
+    profiles: ['0.32'], kinds: ['full_attention', 'sliding_window'],
+    hash_algos: ['sha256', 'sha256_cbor'],
     ops: OPS, checkpoint_fields: ['free_queue', 'num_free', 'usage', 'stats', 'events',
       'free_queue_digest'],
     inspect: true,
@@ -182,10 +183,14 @@ class Manager {
     const groups = cache.groups;
     if (groups.length !== 1) throw new NotCovered(`${groups.length} KV cache groups`);
     const g = groups[0];
-    for (const k of Object.keys(g)) if (k !== 'block_size' && k !== 'kind') throw new NotCovered(`group field ${k}`);
+    this.kind = g.kind || 'full_attention';
+    const fields = this.kind === 'sliding_window' ? ['block_size', 'kind', 'sliding_window'] : ['block_size', 'kind'];
+    for (const k of Object.keys(g)) if (!fields.includes(k)) throw new NotCovered(`group field ${k}`);
+    // A sliding window w: a token reads the w - 1 tokens before it (null: full attention).
+    this.window = this.kind === 'sliding_window' ? g.sliding_window : null;
     const known = new Set(['num_blocks', 'groups', 'hash_algo', 'hash_seed', 'none_hash',
       'enable_caching', 'max_model_len', 'log_stats', 'enable_kv_cache_events',
-      'events_use_int_hashes', 'watermark']);
+      'events_use_int_hashes', 'watermark', 'max_in_flight_tokens']);
     for (const k of Object.keys(cache)) if (!known.has(k)) throw new NotCovered(`cache field ${k}`);
     if (profile.free_order !== 'unhashed_first') throw new NotCovered(`free order ${profile.free_order}`);
     this.bs = g.block_size;
@@ -194,6 +199,12 @@ class Manager {
     this.events = cache.enable_kv_cache_events !== false;
     this.intHashes = cache.events_use_int_hashes !== false;
     this.maxLen = cache.max_model_len || 65536;
+    // The most blocks a window group's request holds at once: what
+    // full_sequence_must_fit admits by (none for full attention).
+    const inFlight = cache.max_in_flight_tokens === undefined || cache.max_in_flight_tokens === null
+      ? this.maxLen : cache.max_in_flight_tokens;
+    this.admissionCap = this.window === null ? null
+      : cdiv(Math.min(this.window - 1 + inFlight, this.maxLen), this.bs) + 1;
     this.numBlocks = cache.num_blocks;
     this.watermarkBlocks = Math.floor((cache.watermark || 0) * cache.num_blocks);
     this.tagged = profile.tagged_extra_keys;
@@ -206,6 +217,7 @@ class Manager {
     for (let i = 0; i < this.numBlocks; i++) this.blocks.push({ id: i, ref: 0, key: null });
     this.queue = new FreeQueue(this.blocks);
     this.queue.popleft();  // block 0: the null block, never handed out
+    this.null = this.blocks[0];  // where a table skips a block (out of the window)
     this.cached = new Map();  // key -> Map(block id -> block), first inserted found first
     this.reqs = new Map();
     this.tables = new Map();  // request id -> blocks
@@ -240,6 +252,47 @@ class Manager {
   }
   external(hash) { return this.intHashes ? hash.readBigUInt64BE(hash.length - 8) : hash.toString('hex'); }
 
+  // -- the window --
+  skipped(numComputed) {  // leading tokens no later token reads
+    if (this.window === null) return 0;
+    return Math.max(0, numComputed - this.window + 1);
+  }
+  removeSkipped(r, numComputed) {
+    // Blocks wholly behind the window go back, newest first, up to the first null.
+    const gone = this.skipped(numComputed);
+    const table = this.tables.get(r.id);
+    if (gone <= 0 || !table) return;
+    const freed = [];
+    for (let i = Math.min(Math.floor(gone / this.bs), table.length) - 1; i >= 0; i--) {
+      if (table[i] === this.null) break;
+      freed.push(table[i]); table[i] = this.null;
+    }
+    if (freed.length) this.freeBlocks(freed);
+  }
+  longestHit(r) {
+    const most = Math.min(Math.floor((r.tokens.length - 1) / this.bs), r.hashes.length);
+    const hit = [];
+    if (this.window === null) {
+      for (let i = 0; i < most; i++) {
+        const b = this.findCached(r.hashes[i]);
+        if (!b) break;
+        hit.push(b);
+      }
+      return hit;
+    }
+    // From the right: the first run of enough cached blocks before the hit's end
+    // wins; a shorter run reaching block 0 still does (the window covers it all).
+    const need = cdiv(this.window - 1, this.bs);
+    let run = [], start = 0;
+    for (let i = most - 1; i >= 0; i--) {
+      const b = this.findCached(r.hashes[i]);
+      if (!b) { run = []; continue; }
+      run.push(b);
+      if (run.length >= need) { start = i; break; }
+    }
+    return [...new Array(start).fill(this.null), ...run.reverse()];
+  }
+
   // -- the pool --
   findCached(hash) {
     const m = this.cached.get(hash.toString('hex') + '00000000');
@@ -262,10 +315,11 @@ class Manager {
     }
     return out;
   }
-  touch(blocks) { for (const b of blocks) { if (!b.ref) this.queue.remove(b); b.ref++; } }
+  touch(blocks) { for (const b of blocks) { if (b === this.null) continue; if (!b.ref) this.queue.remove(b); b.ref++; } }
   freeBlocks(ordered) {
     const front = [], back = [];
     for (const b of ordered) {
+      if (b === this.null) continue;
       b.ref--;
       if (b.ref) continue;
       if (this.caching && b.key !== null) back.push(b); else front.push(b);
@@ -279,8 +333,11 @@ class Manager {
     if (done >= full) return;
     const table = this.tables.get(r.id);
     const stored = [], extras = [];
+    // A window of one token needs no block before a hit's end: none is worth keying.
+    const keyNone = this.window !== null && cdiv(this.window - 1, this.bs) === 0;
     for (let i = done; i < full; i++) {
       const b = table[i];
+      if (b === this.null || keyNone) continue;
       const key = r.hashes[i].toString('hex') + '00000000';
       if (b.key === null) {
         b.key = key;
@@ -297,7 +354,9 @@ class Manager {
         token_ids: r.tokens.slice(done * this.bs, full * this.bs), block_size: this.bs,
         lora_id: r.lora ? r.lora.int_id : undefined, medium: 'GPU',
         lora_name: r.lora ? r.lora.name : undefined, extra_keys: extras.length ? extras : undefined,
-        group_idx: 0, kv_cache_spec_kind: 'full_attention', session_id: r.session || undefined,
+        group_idx: 0, kv_cache_spec_kind: this.kind,
+        kv_cache_spec_sliding_window: this.window === null ? undefined : this.window,
+        session_id: r.session || undefined,
       });
     }
     this.numCached.set(r.id, full);
@@ -308,12 +367,32 @@ class Manager {
     this.freeBlocks(BUG === 'eviction-order' ? table : [...table].reverse());
     this.tables.delete(r.id); this.numCached.delete(r.id);
   }
-  blocksToAllocate(r, numTokens, hit) {
-    const wanted = cdiv(numTokens, this.bs);
+  blocksToAllocate(r, numTokens, hit, totalComputed, capped = false) {
+    let wanted = cdiv(numTokens, this.bs);
+    if (capped && this.admissionCap !== null && this.admissionCap < wanted) wanted = this.admissionCap;
     const held = (this.tables.get(r.id) || []).length;
     if (this.numCached.has(r.id)) return Math.max(0, wanted - held);
-    const fresh = Math.max(0, wanted - (hit.length + held));
-    return fresh + hit.filter((b) => !b.ref).length;
+    const gone = Math.floor(this.skipped(totalComputed) / this.bs);
+    const fresh = Math.max(0, wanted - Math.max(gone, hit.length + held));
+    // Hit blocks in the free queue leave it when taken (not those behind the window).
+    return fresh + hit.slice(Math.max(0, gone - held)).filter((b) => !b.ref && b !== this.null).length;
+  }
+  adoptHit(r, hit, local, ext) {
+    const gone = Math.floor(this.skipped(local + ext) / this.bs);
+    const kept = gone > 0 ? hit.slice(gone) : hit;
+    this.touch(kept);
+    const table = [...new Array(Math.max(gone, 0)).fill(this.null), ...kept];
+    this.tables.set(r.id, table);
+    this.numCached.set(r.id, table.length);
+  }
+  allocateExternal(r, local, ext) {
+    const total = local + ext;
+    const gone = this.skipped(total);
+    if (gone > 0) ext = Math.min(total - gone, ext);  // 0.32: no slot for tokens out of the window
+    if (ext <= 0) return;
+    if (!this.tables.has(r.id)) this.tables.set(r.id, []);
+    const table = this.tables.get(r.id);
+    table.push(...this.getNewBlocks(Math.max(0, cdiv(total, this.bs) - table.length)));
   }
 
   // -- events --
@@ -336,15 +415,7 @@ class Manager {
     const r = this.req(ev.req);
     if (ev.max_cache_hit_length !== undefined && ev.max_cache_hit_length !== null) throw new NotCovered('max_cache_hit_length');
     if (r.computed) throw new Rejected(`vLLM rejects this: request '${r.id}' is running`);
-    const hit = [];
-    if (this.caching && !r.skipRead) {
-      const most = Math.floor((r.tokens.length - 1) / this.bs);
-      for (let i = 0; i < most && i < r.hashes.length; i++) {
-        const b = this.findCached(r.hashes[i]);
-        if (!b) break;
-        hit.push(b);
-      }
-    }
+    const hit = this.caching && !r.skipRead ? this.longestHit(r) : [];
     r.hit = hit;
     return { hit_tokens: hit.length * this.bs, block_ids: [hit.map((b) => b.id)] };
   }
@@ -364,21 +435,15 @@ class Manager {
     const hitBlocks = hit || [];
     if (ev.full_sequence_must_fit) {
       const whole = Math.min(r.tokens.length, this.maxLen);
-      if (this.blocksToAllocate(r, whole, hitBlocks) + headroom > this.queue.n) return { refused: true };
+      if (this.blocksToAllocate(r, whole, hitBlocks, computed, true) + headroom > this.queue.n) return { refused: true };
     }
     const slots = Math.min(computed + numNew + ahead, this.maxLen);
-    if (this.blocksToAllocate(r, slots, hitBlocks) + headroom > this.queue.n - reserved) return { refused: true };
-    if (hit !== null || ext > 0) {
-      if (!this.numCached.has(r.id)) {
-        this.touch(hitBlocks);
-        this.tables.set(r.id, [...hitBlocks]);
-        this.numCached.set(r.id, hitBlocks.length);
-      }
-      if (ext > 0) {
-        const table = this.tables.get(r.id);
-        const missing = cdiv(local + ext, this.bs) - table.length;
-        table.push(...this.getNewBlocks(Math.max(0, missing)));
-      }
+    // What the window has left goes back first, even if the allocation is then refused.
+    this.removeSkipped(r, computed);
+    if (this.blocksToAllocate(r, slots, hitBlocks, local + ext) + headroom > this.queue.n - reserved) return { refused: true };
+    if ((hit !== null || ext > 0) && !this.numCached.has(r.id)) {  // a running request adopts nothing
+      this.adoptHit(r, hitBlocks, local, ext);
+      if (ext > 0) this.allocateExternal(r, local, ext);
     }
     if (!this.tables.has(r.id)) this.tables.set(r.id, []);
     if (!this.numCached.has(r.id)) this.numCached.set(r.id, 0);
