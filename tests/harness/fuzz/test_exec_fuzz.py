@@ -1,5 +1,5 @@
 """`kvconform fuzz --backend exec:CMD`: the example Node.js backend beside
-vLLM finds nothing on full attention; with its injected bug the campaign
+vLLM finds nothing on full attention and sliding windows; with its injected bug the campaign
 finds a divergence, shrinks it and writes a trace that replays as one; a
 config outside its capabilities is "not covered" (never a pass); a backend
 that cannot restart gets a process per case and a bounded shrink; a backend
@@ -59,9 +59,11 @@ def _no_restart(tmp_path) -> str:
     return f"exec:{sys.executable} {script}"
 
 
-def test_node_backend_finds_nothing_on_full_attention(tmp_path):
+@pytest.mark.parametrize("kind", ["full_attention", "sliding_window"])
+def test_node_backend_finds_nothing_on_the_kinds_it_implements(tmp_path, kind):
     r = fuzz(P, NO_TIME_LIMIT, seed=0, out_dir=str(tmp_path), max_cases=40,
-             fuzz_config=COVERED, backend=NODE)
+             fuzz_config=FuzzConfig(kinds=(kind,), hash_algos=COVERED.hash_algos),
+             backend=NODE)
     assert r.finding is None, r.finding and format_failure(r.finding.failure)
     assert r.cases == 40 and r.checked >= 35 and r.ops >= 300
     assert r.processes_started == 1  # it restarts: one process for the campaign
