@@ -83,7 +83,9 @@ def _is_sizing_corpus(path: Path) -> bool:
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
         return TraceFile.from_parent(parent, path=file_path)
-    if file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path):
+    # A sizing corpus sizes impl against vLLM: nothing a foreign backend answers.
+    if (file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path)
+            and parent.config.option.kvconform_backend == "impl"):
         return SizingFile.from_parent(parent, path=file_path)
     return None
 
