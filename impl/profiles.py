@@ -391,6 +391,17 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
+    # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
+    # The tier as impl models it: chunk slots, policies by name, per-request
+    # access records handed to the policy when a request finishes (0.32+;
+    # before, other managers: the tier is not modelled, and refused).
+    offload_cpu_tier: bool = False
+    # LRU ranks a running request's keys together, by end-token position, and
+    # the manager tells the policy of each key a request first sees (0.33).
+    offload_request_ranked_lru: bool = False
+    # A failed store is announced as a metadata-only removal, dropped at drain
+    # time for keys held again by then (0.33); before, it is silent.
+    offload_failed_store_events: bool = False
 
     @property
     def releases(self) -> str:
@@ -519,7 +530,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=True,
          hisparse=True,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         offload_cpu_tier=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,
@@ -527,7 +539,9 @@ def _profiles() -> dict[str, VersionProfile]:
          hash_lookahead_tokens=True,
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
+         offload_request_ranked_lru=True,
+         offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}
 

@@ -362,17 +362,30 @@ class FuzzItem(_CaseItem):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.core.exit_codes import ExitCode
         from harness.fuzz.campaign import MIN_CASES
+        from harness.fuzz.offload_driver import OffloadFuzzConfig
         from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import NOT_COVERED, Case, run_fuzz, run_sizing_fuzz
+        from harness.gate.cases import (
+            NOT_COVERED,
+            Case,
+            run_fuzz,
+            run_offload_fuzz,
+            run_sizing_fuzz,
+        )
 
         fuzz_config = load_kind_config(self.kind)
         backend = self.config.option.kvconform_backend
+        if backend != "impl" and isinstance(fuzz_config, (OffloadFuzzConfig, SizingFuzzConfig)):
+            # The offload tier and model shapes' sizing are impl's, not the backend's.
+            what = ("the CPU offload tier" if isinstance(fuzz_config, OffloadFuzzConfig)
+                    else "model shapes' sizing")
+            return Case(self.name, "fuzz", "-", 0, 0.0, ExitCode.OK,
+                        message=f"{NOT_COVERED}{backend}: {what}",
+                        label=f"{NOT_COVERED}{backend}")
+        if isinstance(fuzz_config, OffloadFuzzConfig):
+            return run_offload_fuzz(self.name, installed_vllm_profile(), self.seconds,
+                                    self.seed, fuzz_config)
         if isinstance(fuzz_config, SizingFuzzConfig):
-            if backend != "impl":  # model shapes are sized by impl's sizing
-                return Case(self.name, "fuzz", "-", 0, 0.0, ExitCode.OK,
-                            message=f"{NOT_COVERED}{backend}: model shapes' sizing",
-                            label=f"{NOT_COVERED}{backend}")
             return run_sizing_fuzz(self.name, self.seconds, self.seed,
                                    self.config.option.kvconform_fuzz_out, fuzz_config,
                                    min_cases=MIN_CASES)
