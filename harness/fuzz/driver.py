@@ -109,6 +109,9 @@ class FuzzRun:
     signatures: set = field(default_factory=set)
     # Why the case did not run: both backends refuse its config.
     refused: str | None = None
+    # Why a foreign backend did not run it (to the end): outside its
+    # capabilities (specs/FOREIGN_BACKEND.md), "not covered by exec:CMD: why".
+    not_covered: str | None = None
 
     @property
     def failed(self) -> bool:
