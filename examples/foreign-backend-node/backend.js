@@ -12,7 +12,8 @@ const crypto = require('crypto');
 const readline = require('readline');
 
 const BUG = process.env.KVCONFORM_NODE_BUG || '';
-const OPS = ['add_request', 'lookup', 'allocate', 'append_tokens', 'cache_blocks', 'free',
+const OPS = ['add_request', 'lookup', 'truncate_computed_blocks', 'allocate', 'append_tokens',
+  'cache_blocks', 'free',
   'preempt', 'record_stats', 'reset_prefix_cache', 'evict_blocks', 'step',
   'take_block_copies', 'checkpoint'];
 const HELLO = {
@@ -446,7 +447,18 @@ class Manager {
     if (r.computed) throw new Rejected(`vLLM rejects this: request '${r.id}' is running`);
     const hits = this.caching && !r.skipRead ? this.agreedHit(r) : this.groups.map(() => []);
     r.hit = hits;
-    return { hit_tokens: this.hitTokens(hits), block_ids: hits.map((h) => h.map((b) => b.id)) };
+    const answer = { hit_tokens: this.hitTokens(hits), block_ids: hits.map((h) => h.map((b) => b.id)) };
+    // A connector's lookup: with no Mamba group it is the plain one, never diverged.
+    if (ev.for_connector) answer.hit_diverged = false;
+    return answer;
+  }
+  op_truncate_computed_blocks(ev) {
+    const r = this.req(ev.req);
+    if (r.hit === null) throw new Rejected(`request '${r.id}' has no pending lookup hit to truncate`, 'req');
+    const n = ev.num_computed_tokens;
+    if (n % this.bs || n / this.bs > r.hit[0].length) throw new Rejected(`vLLM rejects this: AssertionError: ${n} tokens`, 'num_computed_tokens');
+    r.hit = r.hit.map((h) => h.slice(0, n / this.bs));
+    return { block_ids: r.hit.map((h) => h.map((b) => b.id)) };
   }
   hitTokens(hits) {  // every group's hit ends at the same token
     return hits[0].length * this.bs;
