@@ -161,8 +161,8 @@ class Backend(ABC):
         return {"block_hashes": [h.hex() for h in self.add_request(ev)]}
 
     def _on_lookup(self, ev: Lookup) -> dict:
-        block_ids, hit_tokens, diverged = self.lookup(ev.req, ev.max_cache_hit_length,
-                                                      ev.for_connector)
+        block_ids, hit_tokens, diverged = self._look_up(ev.req, ev.max_cache_hit_length,
+                                                        ev.for_connector)
         answer = {"hit_tokens": hit_tokens, "block_ids": block_ids}
         if self._report_boundary:
             boundary = self.requests[ev.req].shared_prefix_boundary
@@ -330,8 +330,17 @@ class Backend(ABC):
         self.requests[ev.req] = request
         return list(request.block_hashes)
 
-    def lookup(self, req: str, max_cache_hit_length: int | None = None,
-               for_connector: bool = False) -> tuple[BlockIds, int, bool]:
+    def lookup(self, req: str, max_cache_hit_length: int | None = None
+               ) -> tuple[BlockIds, int]:
+        return self._look_up(req, max_cache_hit_length)[:2]
+
+    def lookup_for_connector(self, req: str) -> tuple[BlockIds, int, bool]:
+        """A KV connector's lookup: also whether full attention's hit ran
+        deeper than another group's."""
+        return self._look_up(req, None, True)
+
+    def _look_up(self, req: str, max_cache_hit_length: int | None,
+                 for_connector: bool = False) -> tuple[BlockIds, int, bool]:
         request = self._request(req)
         if request.num_computed_tokens:
             # vLLM's scheduler looks up only requests with nothing computed
