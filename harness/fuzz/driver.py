@@ -138,11 +138,14 @@ class Driver:
         self.lookup_takes_bound = profile.max_cache_hit_length
         # A request a connector loads tokens for is looked up as the
         # scheduler does with a connector (0.27+); a hit may be cut back to
-        # this alignment (every cacheable group's block size), None: never.
+        # this alignment, None: never. A multiple of every manager's block
+        # (context parallelism widens them) and of the scheduler's block.
         self.connector_lookup = profile.connector_lookup
-        sizes = [g.block_size for g in config.groups if g.kind != "circular_buffer"]
-        self.truncate_alignment = math.lcm(*sizes) if sizes and len(sizes) == len(
-            config.groups) else None
+        self.truncate_alignment = None
+        if profile.connector_lookup and all(g.kind != "circular_buffer" for g in config.groups):
+            cp = config.dcp_world_size * config.pcp_world_size
+            self.truncate_alignment = math.lcm(config.block_sizes(profile)[0],
+                                               *(g.block_size * cp for g in config.groups))
         # The admission arguments the profile's allocate_slots takes.
         self.admission_args = profile.admission_controls.args
         self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
