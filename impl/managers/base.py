@@ -311,10 +311,18 @@ class SingleTypeKVCacheManager:
     # -- releasing ------------------------------------------------------------------------
 
     def pop_blocks_for_free(self, request_id: str) -> BlockTable:
-        """Forget the request; its table, for the caller to free."""
+        """Forget the request; its table, for the caller to free (without its
+        leading null entries where the pool leaves the null block alone:
+        profile.null_block_refcount)."""
         self.num_cached_block.pop(request_id, None)
         self._copy_due.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        table = self.req_to_blocks.pop(request_id, [])
+        if self._profile.null_block_refcount:
+            return table
+        skipped = 0
+        while skipped < len(table) and table[skipped].is_null:
+            skipped += 1
+        return table[skipped:] if skipped else table
 
     def free(self, request_id: str) -> None:
         table = self.pop_blocks_for_free(request_id)

@@ -185,17 +185,18 @@ def test_a_connector_lookup_reports_full_attention_and_a_lagging_group():
     m = manager(FullAttentionSpec(8), spec, hash_block_size=8)
     admit(m, request("a", range(24)))
     m.new_step_starts()
-    blocks, hit, diverged = m.get_computed_blocks_for_connector(request("b", range(24)))
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(
+        request("b", range(24)))
     # Full attention hits 16 of the 23 tokens a resend may hit; one 24-token
     # chunk left Mamba only the state at 24, which is too far: Mamba lags
     # (the connector brings that state), so the hit is full attention's and
     # flagged. (vLLM 0.32.0 answers the same: 16, True, ([1, 2], []).)
-    assert (hit, diverged) == (16, True)
+    assert (hit, boundary, diverged) == (16, 0, True)
     assert blocks.get_block_ids() == ([1, 2], [])
     # A model without Mamba: the plain lookup, never diverged.
     plain = manager(FullAttentionSpec(4))
     admit(plain, request("a", range(9)))
-    assert plain.get_computed_blocks_for_connector(request("b", range(9)))[1:] == (8, False)
+    assert plain.get_computed_blocks_for_connector(request("b", range(9)))[1:] == (8, 0, False)
 
 
 # -- hashing helpers --------------------------------------------------------------------------

@@ -71,12 +71,14 @@ def none_hash() -> bytes:
     return STATE.none_hash
 
 
-def get_request_block_hasher(hash_block_size: int, caching_hash_fn):
+def get_request_block_hasher(hash_block_size: int, caching_hash_fn,
+                              num_hash_lookahead_tokens: int = 0):
     fn = impl_hash_fn(caching_hash_fn)
 
     def request_block_hasher(request):
         hasher = ihash.RequestBlockHasher(hash_block_size, fn, none_hash(),
-                                          convert.PROFILE.tagged_extra_keys)
+                                          convert.PROFILE.tagged_extra_keys,
+                                          lookahead=num_hash_lookahead_tokens)
         return hasher(convert.to_impl_request(request))
 
     return request_block_hasher

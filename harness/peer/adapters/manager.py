@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from harness.peer import convert
-from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import Adapter, register, unwrap, wrap
 from harness.peer.adapters.metrics import impl_collector
-from harness.peer.lacks import Checks, NotFromImpl
+from harness.peer.lacks import Checks
 from impl import coordinator as icoord
 from impl import kv_cache_manager as ikvm
 
@@ -53,7 +52,8 @@ class KVCacheManager(Adapter):
 
     def _init(self, kv_cache_config, max_model_len, hash_block_size,
               scheduler_block_size=None, max_in_flight_tokens=None, enable_caching=True,
-              use_eagle=False, num_prefill_lookahead=0, log_stats=False,
+              use_eagle=False, num_hash_lookahead_tokens=0, num_prefill_lookahead=0,
+              log_stats=False,
               enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
               metrics_collector=None, watermark=0.0, enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
@@ -77,6 +77,7 @@ class KVCacheManager(Adapter):
             max_in_flight_tokens=max_in_flight_tokens,
             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
             use_eagle=use_eagle,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             num_prefill_lookahead=num_prefill_lookahead,
             metrics_collector=collector,
         )
@@ -86,16 +87,20 @@ class KVCacheManager(Adapter):
 
     kv_cache_config = None
 
-    def get_computed_blocks(self, request):
-        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+    def get_computed_blocks(self, request, max_cache_hit_length=None):
+        # (The bound is 0.33's; impl refuses it for a release without it.)
+        extra = {} if max_cache_hit_length is None else {
+            "max_cache_hit_length": max_cache_hit_length}
+        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request), **extra)
         # The running release's own shape: (blocks, hits) before 0.26, then
         # (blocks, hits, a third count), as its method's return annotation says.
         return answer[:_computed_blocks_arity()]
 
-    def get_computed_blocks_for_connector(self, request):
-        blocks, num_hits, diverged = unwrap(self).get_computed_blocks_for_connector(
-            convert.to_impl_request(request))
-        return blocks, num_hits, NotFromImpl("shared_prefix_boundary", F.RETENTION), diverged
+    def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
+        extra = {} if max_cache_hit_length is None else {
+            "max_cache_hit_length": max_cache_hit_length}
+        return unwrap(self).get_computed_blocks_for_connector(
+            convert.to_impl_request(request), **extra)
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
