@@ -391,6 +391,14 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
+    # The CPU offload tier's LRU ranks a request's positioned chunks by one
+    # rank per request (across its store batches), later positions first
+    # evicted, and policies hear of each key a request first observes
+    # (on_request_access): 0.33. Before, every insert and use is a new rank.
+    offload_request_ranks: bool = False
+    # A failed offload store announces its keys as a metadata-only removal
+    # event, dropped at drain time for keys a retry holds again (0.33).
+    offload_failed_store_events: bool = False
 
     @property
     def releases(self) -> str:
@@ -527,7 +535,9 @@ def _profiles() -> dict[str, VersionProfile]:
          hash_lookahead_tokens=True,
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
+         offload_request_ranks=True,
+         offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}
 
