@@ -399,6 +399,11 @@ class VersionProfile:
     # A failed offload store announces its keys as a metadata-only removal
     # event, dropped at drain time for keys a retry holds again (0.33).
     offload_failed_store_events: bool = False
+    # Under sparse retention an EAGLE group also keeps the window one block
+    # below a request's shared-prefix junction: a sibling diverging right
+    # after the junction lacks the EAGLE peek there, so its hit lands a
+    # block lower (0.33).
+    eagle_junction_block_below: bool = False
 
     @property
     def releases(self) -> str:
@@ -537,7 +542,8 @@ def _profiles() -> dict[str, VersionProfile]:
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
          offload_request_ranks=True,
-         offload_failed_store_events=True)
+         offload_failed_store_events=True,
+         eagle_junction_block_below=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}
 

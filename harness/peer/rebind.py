@@ -94,6 +94,12 @@ _CALLER_HELPERS = (
 )
 
 
+# vLLM module -> its globals that read the specs of impl's managers, pointed
+# at the sizing adapter's (which takes impl's specs as well as vLLM's) when
+# a test imports the module (EngineCore is heavy: not imported otherwise).
+_SPEC_READERS = {"vllm.v1.engine.core": ("is_full_attention_spec",)}
+
+
 def rebind_vllm_callers() -> None:
     """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
     import impl.mamba_checkpoint as imc
@@ -103,6 +109,14 @@ def rebind_vllm_callers() -> None:
         module = release_module(module_name)
         if module is not None:  # an older release may not have it
             setattr(module, name, getattr(imc, name))
+
+
+def _rebind_spec_readers(module: types.ModuleType) -> None:
+    from harness.peer.adapters import sizing
+
+    for name in _SPEC_READERS.get(module.__name__, ()):
+        if hasattr(module, name):
+            setattr(module, name, getattr(sizing, name))
 
 
 def table() -> dict[int, tuple[object, object]]:
@@ -212,8 +226,11 @@ def _is_test_module(globals_) -> bool:
 
 def _import(name, globals=None, locals=None, fromlist=(), level=0):
     module = _real_import(name, globals, locals, fromlist, level)
-    if fromlist and level == 0 and name in _PROXIED and _is_test_module(globals):
-        return proxy(module)
+    if fromlist and level == 0 and _is_test_module(globals):
+        if name in _PROXIED:
+            return proxy(module)
+        if name in _SPEC_READERS:
+            _rebind_spec_readers(module)
     return module
 
 

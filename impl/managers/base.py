@@ -282,7 +282,11 @@ class SingleTypeKVCacheManager:
         its replay boundaries and, when known, where it stops sharing a
         prefix with cached siblings."""
         junction = request.shared_prefix_boundary
-        boundaries = [*replay_boundaries, junction] if junction else list(replay_boundaries)
+        boundaries = list(replay_boundaries)
+        if junction:
+            boundaries.append(junction)
+            if self.use_eagle and self._profile.eagle_junction_block_below:
+                boundaries.append(junction - self.block_size)
         return type(self).reachable_block_mask(
             start, end, self.cache_hit_alignment_tokens, self.kv_cache_spec, self.use_eagle,
             retention_interval, boundaries, self.dcp_world_size)

@@ -145,6 +145,9 @@ class KVCacheCoordinator(Adapter):
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         return unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
 
+    # vLLM's private names for what impl keeps under its own (tests read them).
+    _PRIVATE = {"_cache_hit_alignment_tokens": "alignment_tokens"}
+
 # One adapter class per coordinator kind, under vLLM's class names (tests
 # check which kind a config gets).
 for _kind in (icoord.KVCacheCoordinatorNoPrefixCache, icoord.UnitaryKVCacheCoordinator):

@@ -48,6 +48,9 @@ class BlockPool(Adapter):
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         ))
 
+    # vLLM's private names for what impl does under its own (tests call them).
+    _PRIVATE = {"_maybe_evict_cached_block": "evict_cached_block"}
+
 
 @register(imap.BlockHashToBlockMap)
 class BlockHashToBlockMap(Adapter):

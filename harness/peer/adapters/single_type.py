@@ -119,9 +119,6 @@ class _Manager(Adapter):
         "_relocate_speculative_block": "relocate_speculative_block",
     }
 
-    def __getattr__(self, name):
-        return Adapter.__getattr__(self, self._PRIVATE.get(name, name))
-
 
 def _manager(impl_cls, name):
     adapter = type(name, (_Manager,), {"_impl_cls": impl_cls})

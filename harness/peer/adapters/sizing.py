@@ -20,6 +20,7 @@ import copy
 import dataclasses
 
 from harness.peer import convert, proxies
+from impl import coordinator as icoord
 from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
@@ -39,6 +40,7 @@ REBOUND = (
     "unify_hybrid_kv_cache_specs",
     "get_kv_cache_configs",
     "resolve_kv_cache_block_sizes",
+    "resolve_cache_hit_alignment_tokens",
     "resolve_dcp_kv_block_size",
     "resolve_dcp_kv_cache_spec",
     "_project_kv_cache_groups_to_worker",
@@ -409,6 +411,14 @@ def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
         pcp_world_size=_field(vllm_config, "parallel_config",
                               "prefill_context_parallel_size") or 1,
     )
+
+
+def resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size,
+                                       hash_block_size):
+    return icoord.resolve_cache_hit_alignment_tokens(
+        convert.to_impl_config(kv_cache_config), convert.PROFILE,
+        vllm_config.cache_config.enable_prefix_caching, scheduler_block_size,
+        hash_block_size, _dcp(vllm_config))
 
 
 def resolve_dcp_kv_block_size(spec, dcp_world_size: int) -> int:
