@@ -39,14 +39,19 @@ class _Manager(Adapter):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens,
-                               dcp_world_size=1, pcp_world_size=1):
+                               kv_cache_spec, drop_eagle_block=False, alignment_tokens=None,
+                               dcp_world_size=1, pcp_world_size=1, use_eagle=None):
+        # (use_eagle: the flag's name before 0.24.)
+        if use_eagle is not None:
+            drop_eagle_block = use_eagle
         spec = convert.to_impl_spec(kv_cache_spec)
         blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
             alignment_tokens, dcp_world_size, pcp_world_size, drop_eagle_block=drop_eagle_block,
         )
-        return blocks, num_tokens
+        # The running release's shape: the blocks alone before 0.28, then
+        # (blocks, hit tokens), as its method's return annotation says.
+        return (blocks, num_tokens) if _hit_reports_tokens() else blocks
 
     @classmethod
     def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec,
@@ -142,6 +147,14 @@ HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseRe
 
 CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
 RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
+
+
+def _hit_reports_tokens() -> bool:
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager as Vllm
+
+    method = inspect.unwrap(Vllm.find_longest_cache_hit)
+    returned = str(method.__annotations__.get("return", ""))
+    return returned.replace(" ", "").endswith("...],int]")
 
 
 def _takes(fn, name: str) -> bool:
