@@ -183,13 +183,14 @@ def block_extra_keys(
 
 
 def generate_block_hash_extra_keys(request: Request, start: int, end: int,
-                                   start_mm_idx: int, tagged: bool = True
+                                   start_mm_idx: int, tagged: bool = True,
+                                   mm_offset: bool = True
                                    ) -> tuple[tuple[Any, ...] | None, int]:
     """The block's extra keys, and where a caller walking the blocks in
     order resumes among the multimodal items: from `start_mm_idx` (negative
     counts from the end), past every item ending at or before `end`. With
     no item left at or after `start`, the index comes back as given."""
-    keys = block_extra_keys(request, start, end, tagged)
+    keys = block_extra_keys(request, start, end, tagged, mm_offset)
     features = request.mm_features
     if not features or _feature_end(features[-1]) <= start:
         return keys, start_mm_idx

@@ -92,6 +92,20 @@ class _Manager(Adapter):
             extra["record_for_zeroing"] = record_for_zeroing
         method(impl, request_id, num_local_computed_tokens, num_external_computed_tokens, **extra)
 
+    def allocate_new_computed_blocks(self, request_id, new_computed_blocks,
+                                     num_local_computed_tokens, num_external_computed_tokens):
+        # The one call before 0.24 for what impl (and later vLLM) does in two:
+        # take the prefix hit, then slots for a connector's tokens. A running
+        # request brings no hit and needs neither.
+        impl = unwrap(self)
+        if request_id in impl.num_cached_block:
+            assert not new_computed_blocks, "a running request took a prefix hit"
+            return
+        impl.add_local_computed_blocks(request_id, unwrap(list(new_computed_blocks)),
+                                       num_local_computed_tokens, num_external_computed_tokens)
+        self.allocate_external_computed_blocks(request_id, num_local_computed_tokens,
+                                               num_external_computed_tokens)
+
     def take_new_block_ids(self):
         impl = unwrap(self)
         if not hasattr(impl, "take_new_block_ids"):
