@@ -395,6 +395,10 @@ class VersionProfile:
     # rank per request (across its store batches), later positions first
     # evicted, and policies hear of each key a request first observes
     # (on_request_access): 0.33. Before, every insert and use is a new rank.
+    # A hashing call that begins after the prompt's first block (blocks
+    # filled by generated tokens) looks at the last multimodal item only
+    # (0.17-0.30: `curr_mm_idx = -1`); 0.31+ find the items by position.
+    mm_resumed_walk_last_item: bool = True
     offload_request_ranks: bool = False
     # A failed offload store announces its keys as a metadata-only removal
     # event, dropped at drain time for keys a retry holds again (0.33).
@@ -525,6 +529,7 @@ def _profiles() -> dict[str, VersionProfile]:
          boundary_state_offloads=True)
     then("0.31",
          tagged_extra_keys=True,
+         mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
          allocate_adopts_hit_without_new_tokens=True,
          mamba_blocks_capped=True)

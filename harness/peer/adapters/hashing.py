@@ -82,9 +82,9 @@ def get_request_block_hasher(hash_block_size: int, caching_hash_fn,
     fn = impl_hash_fn(caching_hash_fn)
 
     def request_block_hasher(request):
-        hasher = ihash.RequestBlockHasher(hash_block_size, fn, none_hash(),
-                                          convert.PROFILE.tagged_extra_keys, _mm_offset(),
-                                          lookahead=num_hash_lookahead_tokens)
+        hasher = ihash.RequestBlockHasher.for_profile(hash_block_size, fn, none_hash(),
+                                                      convert.PROFILE,
+                                                      num_hash_lookahead_tokens)
         return hasher(convert.to_impl_request(request))
 
     return request_block_hasher
