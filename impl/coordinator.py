@@ -71,7 +71,8 @@ class KVCacheCoordinator:
         # EAGLE / MTP (specs §15): the draft groups, and those whose hits
         # drop their last unit (the same in 0.32; 0.33 needs use_eagle).
         self.eagle_group_ids = draft_group_ids(groups, use_eagle)
-        self.drop_eagle_group_ids = dropping_group_ids(self.eagle_group_ids, use_eagle, profile)
+        self.drop_eagle_group_ids = dropping_group_ids(self.eagle_group_ids, use_eagle, profile,
+                                                       len(groups))
         # Multi-module MTP writes the tokens after a chunk's end again next
         # step: that many trailing computed tokens are not final (§16.1).
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
