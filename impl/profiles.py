@@ -391,18 +391,10 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
-    # The CPU offload tier's LRU ranks a request's positioned chunks by one
-    # rank per request (across its store batches), later positions first
-    # evicted, and policies hear of each key a request first observes
-    # (on_request_access): 0.33. Before, every insert and use is a new rank.
     # A hashing call that begins after the prompt's first block (blocks
     # filled by generated tokens) looks at the last multimodal item only
     # (0.17-0.30: `curr_mm_idx = -1`); 0.31+ find the items by position.
     mm_resumed_walk_last_item: bool = True
-    offload_request_ranks: bool = False
-    # A failed offload store announces its keys as a metadata-only removal
-    # event, dropped at drain time for keys a retry holds again (0.33).
-    offload_failed_store_events: bool = False
     # Under sparse retention an EAGLE group also keeps the window one block
     # below a request's shared-prefix junction: a sibling diverging right
     # after the junction lacks the EAGLE peek there, so its hit lands a
@@ -546,8 +538,6 @@ def _profiles() -> dict[str, VersionProfile]:
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
-         offload_request_ranks=True,
-         offload_failed_store_events=True,
          eagle_junction_block_below=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}

@@ -18,23 +18,16 @@ from impl.kv_offload.results import (
     StorePlan,
 )
 from impl.kv_offload.stats import OffloadStats
-from impl.profiles import VersionProfile
 
 
 class CPUOffloadingManager:
     def __init__(self, num_chunks: int, cache_policy: str = "lru",
                  cache_policy_module_path: str | None = None, enable_events: bool = False,
                  store_threshold: int = 1, max_tracker_size: int = 64_000,
-                 policies: type[PolicyRegistry] = PolicyRegistry,
-                 profile: VersionProfile | None = None) -> None:
+                 policies: type[PolicyRegistry] = PolicyRegistry) -> None:
         self.num_chunks = num_chunks
         policy_cls = policies.get_cache_policy_cls(cache_policy, cache_policy_module_path)
         self.policy = policy_cls(cache_capacity=num_chunks)
-        # The release's behaviour (profile.offload_*); no profile: neither.
-        self.request_ranks = bool(profile and profile.offload_request_ranks)
-        self.failed_store_events = bool(profile and profile.offload_failed_store_events)
-        if self.request_ranks and hasattr(self.policy, "request_ranks"):
-            self.policy.request_ranks = True
         self.events: list[OffloadEvent] | None = [] if enable_events else None
         self.store_threshold = store_threshold
         # Offers are counted only when a threshold can hold a store back.
@@ -72,16 +65,12 @@ class CPUOffloadingManager:
 
     def _note_access(self, keys, ctx, inserted=(), reused=()) -> None:
         record = self._access(ctx)
-        first_seen = []
         for key in keys:
             if key in record.observed:
                 continue
             assert not record.done, "a finished request observed a new offload key"
             record.by_group.setdefault(key_group_idx(key), []).append(key)
             record.observed.add(key)
-            first_seen.append(key)
-        if first_seen and self.request_ranks:
-            self.policy.on_request_access(first_seen, ctx)
         record.inserted.update(inserted)
         # Reading back what this request itself stored is no second access.
         record.reused.update(k for k in reused if k not in record.inserted)
@@ -173,17 +162,14 @@ class CPUOffloadingManager:
                 self.events.append(OffloadEvent(keys=evicted_keys, removed=True))
         chunks = self._take_slots(candidates)
         for key, chunk in zip(candidates, chunks):
-            if self.request_ranks:
-                self.policy.insert(key, chunk, req_context)
-            else:
-                self.policy.insert(key, chunk)
+            self.policy.insert(key, chunk)
         self.num_storing += len(candidates)
         record.inserted.update(candidates)
         return StorePlan(keys_to_store=candidates, chunk_ids=[c.chunk_id for c in chunks],
                          evicted_keys=evicted_keys)
 
     def complete_store(self, keys: Collection[bytes], req_context, success: bool = True) -> None:
-        stored, dropped = [], []
+        stored = []
         for key in keys:
             chunk = self.policy.get(key)
             if chunk is None or chunk.is_ready:
@@ -197,9 +183,6 @@ class CPUOffloadingManager:
             else:
                 self.policy.remove(key)
                 self.free_slots.append(chunk.chunk_id)
-                dropped.append(key)
-        if dropped and self.failed_store_events and self.events is not None:
-            self.events.append(OffloadEvent(keys=dropped, removed=True, metadata_only=True))
         if stored and self.events is not None:
             self.events.append(OffloadEvent(keys=stored, removed=False))
 
@@ -227,24 +210,9 @@ class CPUOffloadingManager:
         return
 
     def take_events(self) -> Iterator[OffloadEvent]:
-        if self.events is None:
-            return
-        if not self.failed_store_events:
+        if self.events is not None:
             yield from self.events
             self.events.clear()
-            return
-        # The whole batch leaves at the first read: a drain stopped early
-        # neither loses events to the next one nor replays them.
-        batch, self.events = self.events, []
-        for event in batch:
-            if event.metadata_only:
-                # A failed store's keys that a retry holds again stay.
-                gone = [key for key in event.keys if self.policy.get(key) is None]
-                if not gone:
-                    continue
-                event = OffloadEvent(keys=gone, removed=True, medium=event.medium,
-                                     metadata_only=True)
-            yield event
 
     def reset_cache(self):
         self.policy.clear()

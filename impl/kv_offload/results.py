@@ -45,5 +45,3 @@ class OffloadEvent:
     keys: list[bytes]
     removed: bool
     medium: str = MEDIUM_CPU
-    # A removal that frees no stored data (a failed store's keys).
-    metadata_only: bool = False

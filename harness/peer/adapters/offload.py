@@ -9,9 +9,6 @@ contexts are vLLM's own: impl reads them through the same methods."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from harness.peer import convert
 from impl.kv_offload import manager as imanager
 from impl.kv_offload.chunk import Chunk
 from impl.kv_offload.keys import make_offload_key  # noqa: F401  (rebound name)
@@ -28,11 +25,6 @@ class CachePolicy(ibase.CachePolicy):
 
 
 class LRUCachePolicy(ilru.LRUCachePolicy, CachePolicy):
-    def __init__(self, cache_capacity: int):
-        super().__init__(cache_capacity)
-        # A test may build the policy alone: the release's ranking from its profile.
-        self.request_ranks = convert.PROFILE.offload_request_ranks
-
     @property
     def _heap(self):
         return self.queue
@@ -66,19 +58,12 @@ def _alias(impl_name: str) -> property:
 class CPUOffloadingManager(imanager.CPUOffloadingManager):
     def __init__(self, num_chunks: int, cache_policy: str = "lru",
                  cache_policy_module_path: str | None = None, enable_events: bool = False,
-                 store_threshold: int = 1, max_tracker_size: int = 64_000,
-                 info=None) -> None:
+                 store_threshold: int = 1, max_tracker_size: int = 64_000) -> None:
         from vllm.v1.kv_offload.base import Medium
 
         super().__init__(num_chunks, cache_policy, cache_policy_module_path, enable_events,
-                         store_threshold, max_tracker_size, policies=CachePolicyFactory,
-                         profile=convert.PROFILE)
+                         store_threshold, max_tracker_size, policies=CachePolicyFactory)
         self.medium = Medium.CPU
-        # 0.33's CPUOffloadingInfo: configuration handed back as given.
-        self._info = {} if info is None else info.as_config_info()
-
-    def config_info(self):
-        return [self._info]
 
     _policy = _alias("policy")
     _num_evictable_cache_chunks = _alias("num_evictable")
@@ -126,11 +111,8 @@ class CPUOffloadingManager(imanager.CPUOffloadingManager):
     def take_events(self):
         from vllm.v1.kv_offload.base import OffloadingEvent
 
-        marks = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
         for event in super().take_events():
-            extra = {"metadata_only": event.metadata_only} if marks else {}
-            yield OffloadingEvent(keys=event.keys, medium=self.medium, removed=event.removed,
-                                  **extra)
+            yield OffloadingEvent(keys=event.keys, medium=self.medium, removed=event.removed)
 
     def get_stats(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (

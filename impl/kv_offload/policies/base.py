@@ -29,8 +29,7 @@ class CachePolicy:
     def get(self, key: bytes) -> Chunk | None:
         raise NotImplementedError
 
-    def insert(self, key: bytes, chunk: Chunk, req_context=None) -> None:
-        """(The context: the storing request's, where the release passes it.)"""
+    def insert(self, key: bytes, chunk: Chunk) -> None:
         raise NotImplementedError
 
     def remove(self, key: bytes) -> None:
@@ -42,10 +41,6 @@ class CachePolicy:
     def on_store_miss(self, keys: Iterable[bytes], req_context) -> None:
         # A policy without its own notion of a miss sees it as a use.
         self.touch(keys, req_context)
-
-    def on_request_access(self, keys: Iterable[bytes], req_context) -> None:
-        # Keys a request observes first (0.33's hook): no use by default.
-        return
 
     def on_request_finished(self, key_groups, insertion_only_keys, reused_keys,
                             req_context) -> None:
