@@ -400,6 +400,17 @@ class VersionProfile:
     # after the junction lacks the EAGLE peek there, so its hit lands a
     # block lower (0.33).
     eagle_junction_block_below: bool = False
+    # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
+    # The tier as impl models it: chunk slots, policies by name, per-request
+    # access records handed to the policy when a request finishes (0.32+;
+    # before, other managers: the tier is not modelled, and refused).
+    offload_cpu_tier: bool = False
+    # LRU ranks a running request's keys together, by end-token position, and
+    # the manager tells the policy of each key a request first sees (0.33).
+    offload_request_ranked_lru: bool = False
+    # A failed store is announced as a metadata-only removal, dropped at drain
+    # time for keys held again by then (0.33); before, it is silent.
+    offload_failed_store_events: bool = False
 
     @property
     def releases(self) -> str:
@@ -529,7 +540,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=True,
          hisparse=True,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         offload_cpu_tier=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,
@@ -538,7 +550,9 @@ def _profiles() -> dict[str, VersionProfile]:
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
-         eagle_junction_block_below=True)
+         eagle_junction_block_below=True,
+         offload_request_ranked_lru=True,
+         offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))
             for p, nxt in zip(chain, [*chain[1:], None])}
 

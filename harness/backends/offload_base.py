@@ -36,6 +36,14 @@ def keys_hex(keys) -> list[str]:
     return [bytes(k).hex() for k in keys]
 
 
+def event_json(keys, removed: bool, medium: str, metadata_only: bool) -> dict:
+    """An offload event; metadata_only only where set (0.33's failed stores)."""
+    out = {"keys": keys_hex(keys), "removed": removed, "medium": medium}
+    if metadata_only:
+        out["metadata_only"] = True
+    return out
+
+
 def stats_json(usage: float, write: float, read: float, sizes: list[int],
                skipped: int | None) -> dict:
     out = {"usage": round(usage, 9), "write_usage": round(write, 9),

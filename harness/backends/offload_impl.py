@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from harness.backends.offload_base import OffloadBackend, OffloadConfig, keys_hex, stats_json
+from harness.backends.offload_base import (
+    OffloadBackend,
+    OffloadConfig,
+    event_json,
+    keys_hex,
+    stats_json,
+)
 from impl.kv_offload.context import RequestContext
 from impl.kv_offload.manager import CPUOffloadingManager
+from impl.profiles import VersionProfile
 
 
 class ImplOffloadBackend(OffloadBackend):
     name = "impl"
 
-    def __init__(self, config: OffloadConfig) -> None:
+    def __init__(self, config: OffloadConfig, profile: VersionProfile) -> None:
         super().__init__(config)
         self.manager = CPUOffloadingManager(
             num_chunks=config.num_chunks, cache_policy=config.cache_policy,
             enable_events=config.enable_events, store_threshold=config.store_threshold,
-            max_tracker_size=config.max_tracker_size)
+            max_tracker_size=config.max_tracker_size,
+            request_ranked_lru=profile.offload_request_ranked_lru,
+            announce_failed_stores=profile.offload_failed_store_events)
 
     def new_context(self, req: str):
         return RequestContext(req_id=req)
@@ -55,7 +64,7 @@ class ImplOffloadBackend(OffloadBackend):
         self.manager.on_schedule_end((tuple(new), tuple(preempted)))
 
     def op_take_events(self):
-        return [{"keys": keys_hex(e.keys), "removed": e.removed, "medium": e.medium}
+        return [event_json(e.keys, e.removed, e.medium, e.metadata_only)
                 for e in self.manager.take_events()]
 
     def op_reset(self):

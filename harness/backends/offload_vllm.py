@@ -3,7 +3,13 @@ offload protocol."""
 
 from __future__ import annotations
 
-from harness.backends.offload_base import OffloadBackend, OffloadConfig, keys_hex, stats_json
+from harness.backends.offload_base import (
+    OffloadBackend,
+    OffloadConfig,
+    event_json,
+    keys_hex,
+    stats_json,
+)
 
 
 def missing_vllm_offload() -> str | None:
@@ -73,7 +79,8 @@ class VllmOffloadBackend(OffloadBackend):
             ScheduleEndContext(new_req_ids=new, preempted_req_ids=preempted))
 
     def op_take_events(self):
-        return [{"keys": keys_hex(e.keys), "removed": e.removed, "medium": e.medium.value}
+        # metadata_only: 0.33's failed stores; older events lack the field.
+        return [event_json(e.keys, e.removed, e.medium.value, getattr(e, "metadata_only", False))
                 for e in self.manager.take_events()]
 
     def op_reset(self):

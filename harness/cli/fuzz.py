@@ -51,11 +51,12 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     profile = installed_vllm_profile()
     _refuse_kinds_lacking(profile, configs)
     if args.ray is not None:
+        from harness.fuzz.offload_driver import OffloadFuzzConfig
         from harness.fuzz.sizing import SizingFuzzConfig
 
-        if any(isinstance(c, SizingFuzzConfig) for c in configs.values()):
-            raise CommandError("a sizing config (model shapes) runs on this machine, "
-                               "not with --ray")
+        if any(isinstance(c, SizingFuzzConfig | OffloadFuzzConfig) for c in configs.values()):
+            raise CommandError("a sizing (model shapes) or offload config runs on this "
+                               "machine, not with --ray")
         return _fuzz_on_ray(args, profile, configs)
     return _fuzz_here(args, profile, configs)
 
@@ -125,14 +126,39 @@ def _fuzz_sizing(args: argparse.Namespace, fuzz_config) -> int:
     return r.finding.exit_code
 
 
+def _fuzz_offload(args: argparse.Namespace, profile, fuzz_config) -> int:
+    """A campaign of seeded programs on the CPU offload tier, both sides."""
+    from harness.fuzz.offload_driver import fuzz
+
+    if not profile.offload_cpu_tier:
+        print(f"kvconform: fuzz: vLLM {profile.name}'s CPU offload tier is not modelled "
+              "(profile offload_cpu_tier; specs/KV_OFFLOAD.md, Releases)", file=sys.stderr)
+        return ExitCode.ENVIRONMENT
+    r = fuzz(args.seed, args.seconds, programs=args.max_cases, profile=profile,
+             fuzz_config=fuzz_config)
+    print(f"fuzz offload seed {args.seed}: {r.programs} programs, {r.ops:,} ops in "
+          f"{r.seconds:.1f}s ({r.ops / max(r.seconds, 1e-9):,.0f} ops/s)")
+    print("ops: " + ", ".join(f"{k} {v}" for k, v in sorted(r.by_op.items())))
+    if not r.divergences:
+        print("no divergence")
+        return ExitCode.OK
+    print(r.divergences[0].line())
+    print(f"rerun it: python -m harness.fuzz.offload_driver --seed {args.seed} "
+          f"--programs {r.programs}")
+    return ExitCode.DIVERGED
+
+
 def _fuzz_here(args: argparse.Namespace, profile, configs: dict) -> int:
     """The campaign in this process, until its first finding."""
     from harness.fuzz.campaign import fuzz, progress_reporter, too_few_cases_warning
     from harness.fuzz.generate import FuzzConfig
+    from harness.fuzz.offload_driver import OffloadFuzzConfig
     from harness.fuzz.sizing import SizingFuzzConfig
 
     if isinstance(next(iter(configs.values()), None), SizingFuzzConfig):
         return _fuzz_sizing(args, next(iter(configs.values())))
+    if isinstance(next(iter(configs.values()), None), OffloadFuzzConfig):
+        return _fuzz_offload(args, profile, next(iter(configs.values())))
 
     result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,
                   next(iter(configs.values()), FuzzConfig()), args.inject_fault,

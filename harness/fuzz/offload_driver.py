@@ -15,13 +15,40 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from harness.backends.offload_base import OffloadBackend, OffloadConfig
+from harness.backends.offload_base import POLICIES, OffloadBackend, OffloadConfig
 from harness.backends.offload_impl import ImplOffloadBackend
 from harness.core.exit_codes import ExitCode
 from harness.fuzz.offload_program import Model, draw_config, program
 from impl.kv_offload.invariants import violations
+from impl.profiles import VersionProfile
 
 PROGRAM_LENGTH = 300
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadFuzzConfig:
+    """A kind config's `offload:` mapping (harness/fuzz/kind_configs/
+    offload_cpu_tier.yaml): the policies programs draw from."""
+
+    cache_policies: tuple[str, ...] = POLICIES
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The fuzz templates it needs of a release (none: the offload tier only)."""
+        return ()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OffloadFuzzConfig:
+        unknown = sorted(set(data) - {"cache_policies"})
+        if unknown:
+            raise ValueError(f"offload: unknown field(s) {', '.join(unknown)} "
+                             "(known: cache_policies)")
+        policies = tuple(data.get("cache_policies", POLICIES))
+        bad = [p for p in policies if p not in POLICIES]
+        if bad or not policies:
+            raise ValueError(f"offload: cache_policies: {bad or 'none'} (known: "
+                             f"{', '.join(POLICIES)})")
+        return cls(policies)
 
 
 @dataclass(slots=True)
@@ -73,15 +100,17 @@ def _model_violations(backend: OffloadBackend, model: Model, op: tuple, answer) 
 
 
 def run_program(seed: int, backends: list[OffloadBackend] | None = None,
-                length: int = PROGRAM_LENGTH,
-                vllm_factory=None) -> tuple[int, Divergence | None, dict]:
-    """One program on impl and vLLM (or the given backends, reference first);
-    (ops run, first divergence or None, ops by kind)."""
+                length: int = PROGRAM_LENGTH, vllm_factory=None,
+                profile: VersionProfile | None = None,
+                policies: tuple[str, ...] = POLICIES) -> tuple[int, Divergence | None, dict]:
+    """One program on impl (with `profile`, the installed vLLM's by default)
+    and vLLM, or on the given backends, reference first; (ops run, first
+    divergence or None, ops by kind)."""
     rng = random.Random(seed)
-    config = draw_config(rng)
+    config = draw_config(rng, policies)
     if backends is None:
         factory = vllm_factory or _vllm_backend
-        backends = [factory(config), ImplOffloadBackend(config)]
+        backends = [factory(config), ImplOffloadBackend(config, profile or _installed())]
     model = Model()
     gen = program(rng, config, length, model)
     by_op: dict[str, int] = {}
@@ -111,6 +140,12 @@ def run_program(seed: int, backends: list[OffloadBackend] | None = None,
         return index, None, by_op
 
 
+def _installed() -> VersionProfile:
+    from harness.backends.vllm_backend import installed_vllm_profile
+
+    return installed_vllm_profile()
+
+
 def _vllm_backend(config: OffloadConfig) -> OffloadBackend:
     from harness.backends.offload_vllm import VllmOffloadBackend
 
@@ -118,15 +153,27 @@ def _vllm_backend(config: OffloadConfig) -> OffloadBackend:
 
 
 def fuzz(seed: int, seconds: float | None = None, programs: int | None = None,
-         vllm_factory=None, stop_at_first: bool = True) -> FuzzResult:
+         vllm_factory=None, stop_at_first: bool = True,
+         profile: VersionProfile | None = None,
+         fuzz_config: OffloadFuzzConfig | None = None) -> FuzzResult:
     result = FuzzResult()
+    profile = profile or _installed()
+    policies = (fuzz_config or OffloadFuzzConfig()).cache_policies
+    if vllm_factory is None:
+        # vLLM's tier imported before the clock starts: the import is not the campaign's.
+        from harness.backends.offload_vllm import missing_vllm_offload
+
+        if (missing := missing_vllm_offload()) is not None:
+            raise ImportError(missing)
     start = time.monotonic()
     while True:
         if programs is not None and result.programs >= programs:
             break
         if seconds is not None and time.monotonic() - start >= seconds:
             break
-        n, div, by_op = run_program(seed * 1_000_003 + result.programs, vllm_factory=vllm_factory)
+        n, div, by_op = run_program(seed * 1_000_003 + result.programs,
+                                    vllm_factory=vllm_factory, profile=profile,
+                                    policies=policies)
         result.programs += 1
         result.ops += n
         for k, v in by_op.items():

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from harness.backends.offload_base import POLICIES, OffloadConfig, key_of
 
 
-def draw_config(rng: random.Random) -> OffloadConfig:
+def draw_config(rng: random.Random, policies: tuple[str, ...] = POLICIES) -> OffloadConfig:
     num_chunks = rng.choice((1, 2, 3, 4, 6, 8, 12, 16))
     return OffloadConfig(
         num_chunks=num_chunks,
-        cache_policy=rng.choice(POLICIES),
+        cache_policy=rng.choice(policies),
         enable_events=rng.random() < 0.8,
         store_threshold=rng.choice((0, 1, 1, 2, 3)),
         max_tracker_size=rng.choice((3, 8, 64_000)))

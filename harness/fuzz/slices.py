@@ -26,7 +26,8 @@ def kind_names() -> list[str]:
 @cache
 def load_kind_config(name: str):
     """A kind config: a FuzzConfig, or (a document whose one key is
-    `sizing`) a SizingFuzzConfig, fuzzing model shapes' sizing instead."""
+    `sizing`) a SizingFuzzConfig, fuzzing model shapes' sizing instead, or
+    (`offload`) an OffloadFuzzConfig, fuzzing the CPU offload tier."""
     import yaml
 
     with open(KIND_CONFIGS / f"{name}.yaml") as f:
@@ -34,6 +35,12 @@ def load_kind_config(name: str):
 
 
 def fuzz_config_of(doc: dict):
+    if isinstance(doc, dict) and "offload" in doc:
+        from harness.fuzz.offload_driver import OffloadFuzzConfig
+
+        if set(doc) != {"offload"}:
+            raise ValueError("an offload kind config has `offload:` and nothing else")
+        return OffloadFuzzConfig.from_dict(doc["offload"] or {})
     if isinstance(doc, dict) and "sizing" in doc:
         from harness.fuzz.sizing import SizingFuzzConfig
 

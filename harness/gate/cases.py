@@ -443,6 +443,25 @@ def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_con
     return Case(name, "fuzz", mode, r.fields, r.seconds, r.finding.exit_code, report)
 
 
+def run_offload_fuzz(name: str, profile: VersionProfile, seconds: float | None, seed: int,
+                     fuzz_config, programs: int | None = None) -> Case:
+    """A fuzz slice of the CPU offload tier: impl's manager against vLLM's,
+    for `seconds` (or `programs` programs)."""
+    from harness.fuzz.offload_driver import fuzz
+
+    if not profile.offload_cpu_tier:
+        return Case(name, "fuzz", "-", 0, 0.0, ExitCode.OK,
+                    label=f"not modelled on {profile.name} (profile offload_cpu_tier)")
+    r = fuzz(seed, seconds, programs, profile=profile, fuzz_config=fuzz_config)
+    mode = f"{r.programs} offload programs, {r.ops / max(r.seconds, 1e-9):,.0f} ops/s"
+    if not r.divergences:
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
+    d = r.divergences[0]
+    report = (f"{d.line()}\nrerun it: python -m harness.fuzz.offload_driver --seed {seed} "
+              f"--programs {r.programs}")
+    return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.DIVERGED, report)
+
+
 def fuzz_case(name: str, r) -> Case:
     """A campaign's result (CampaignResult) as a gate case."""
     from harness.fuzz.campaign import too_few_cases_warning

@@ -359,11 +359,15 @@ class FuzzItem(_CaseItem):
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.campaign import MIN_CASES
+        from harness.fuzz.offload_driver import OffloadFuzzConfig
         from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz, run_sizing_fuzz
+        from harness.gate.cases import run_fuzz, run_offload_fuzz, run_sizing_fuzz
 
         fuzz_config = load_kind_config(self.kind)
+        if isinstance(fuzz_config, OffloadFuzzConfig):
+            return run_offload_fuzz(self.name, installed_vllm_profile(), self.seconds,
+                                    self.seed, fuzz_config)
         if isinstance(fuzz_config, SizingFuzzConfig):
             return run_sizing_fuzz(self.name, self.seconds, self.seed,
                                    self.config.option.kvconform_fuzz_out, fuzz_config,

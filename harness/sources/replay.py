@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from itertools import islice
 
 from harness.backends.base import Backend, BackendStopped
 from harness.backends.impl_backend import ImplBackend
@@ -47,6 +48,7 @@ from harness.core.traffic import Traffic
 from harness.sources import side_by_side
 from harness.trace import Trace, TraceError, TraceRecord, TraceWriter, open_trace
 from harness.trace.codec import TraceHeader, cache_to_dict, event_to_dict
+from harness.trace.reader import events_checked_elsewhere
 from harness.trace.rules import random_none_hash
 from impl.profiles import VersionProfile
 
@@ -379,24 +381,26 @@ def _in_turn(reference: Backend, others: tuple[Backend, ...], events: list[Event
 def _beside(reference: side_by_side.BatchProcess, other: Backend, events: list[Event]
             ) -> list | None:
     mine = run_batch(events, other, ())
-    theirs = reference.next_batch()
-    return theirs if mine is not None and theirs == mine else None
+    if mine is None or not reference.agrees(mine):
+        return None
+    return mine
 
 
 def _reference_batches(path: str, reference: Backend):
     """In the forked process: the reference backend (inherited as built, the
-    parent's copy) over the trace, read from a reader of its own."""
-    records = iter(open_trace(path).records)
+    parent's copy) over the trace's events, read again without the checks
+    the parent's reader makes (reader.events_checked_elsewhere)."""
+    events = events_checked_elsewhere(path)
 
     def batches():
         while True:
-            batch, bad_input = _next_batch(records)
+            batch = list(islice(events, BATCH))
             if batch:
-                answers = run_batch([r.event for r in batch], reference, ())
+                answers = run_batch(batch, reference, ())
                 yield answers
                 if answers is None:
                     return
-            if bad_input is not None or len(batch) < BATCH:
+            if len(batch) < BATCH:
                 return
     return batches()
 

@@ -19,10 +19,21 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 
-# What the process sends once its backend is built, before any batch.
-_READY = "ready"
+import msgspec
+
+# What the process sends once its backend is built, before any batch, and in
+# place of a batch where its backend failed (nothing follows). An encoded
+# batch is a MessagePack array, which never reads as either.
+_READY = b"r"
+_FAILED = b""
 # Seconds to wait for the process at the end before it is killed.
 _JOIN_S = 10.0
+# A batch of answers as bytes: cheap to make and to compare, where pickling
+# and unpickling both sides' answers cost the parent more than comparing them.
+# Keys in sorted order, so two equal answers built in different orders still
+# encode alike.
+_encode = msgspec.msgpack.Encoder(order="deterministic").encode
+_decode = msgspec.msgpack.Decoder().decode
 
 
 def available() -> bool:
@@ -38,10 +49,10 @@ def available() -> bool:
 
 
 class BatchProcess:
-    """A forked process sending `batches()`'s items, one list of answers per
-    batch (None: its backend failed somewhere in the batch, and nothing
-    follows). `batches` runs in the child only: it opens its own trace and
-    builds its backend when called, and returns the iterator of batches."""
+    """A forked process running `batches()`: one list of answers per batch, or
+    None where its backend failed somewhere in the batch (nothing follows).
+    `batches` runs in the child only: it opens its own trace and builds its
+    backend when called, and returns the iterator of batches."""
 
     def __init__(self, batches: Callable[[], Iterator[list | None]]) -> None:
         ctx = multiprocessing.get_context("fork")
@@ -58,17 +69,24 @@ class BatchProcess:
             self._ready = self._receive() == _READY
         return self._ready
 
-    def next_batch(self) -> list | None:
-        """The process's answers to its next batch, or None where it failed or
-        ended first."""
+    def agrees(self, mine: list) -> bool:
+        """Whether the process's answers to its next batch equal `mine` (as
+        `==` has it: 1 and 1.0 agree though they encode apart). The last batch
+        of a trace with bad input in it is cut short at the bad line on the
+        parent's side only: its answers need only begin the process's."""
         if not self.wait_ready():
-            return None
-        answers = self._receive()
-        return answers if isinstance(answers, list) else None
+            return False
+        theirs = self._receive()
+        if not theirs:  # failed, or ended first
+            return False
+        if _encode(mine) == theirs:
+            return True
+        answers = _decode(theirs)
+        return len(mine) <= len(answers) and answers[:len(mine)] == mine
 
-    def _receive(self):
+    def _receive(self) -> bytes | None:
         try:
-            return self._conn.recv()
+            return self._conn.recv_bytes()
         except (EOFError, OSError):
             return None
 
@@ -83,14 +101,15 @@ class BatchProcess:
 def _serve(batches: Callable[[], Iterator[list | None]], conn) -> None:
     try:
         it = batches()  # builds the backend (eagerly: see BatchProcess)
-        conn.send(_READY)
+        conn.send_bytes(_READY)
         for answers in it:
-            conn.send(answers)
             if answers is None:
+                conn.send_bytes(_FAILED)
                 return
+            conn.send_bytes(_encode(answers))
     except BaseException:  # noqa: BLE001 - any failure: the parent reruns in-process
         try:
-            conn.send(None)
+            conn.send_bytes(_FAILED)
         except (OSError, BrokenPipeError):
             pass
     finally:

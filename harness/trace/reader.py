@@ -445,3 +445,30 @@ class _Records:
             if b >= limit:
                 what = "num_blocks" if limit == self.num_blocks else "hisparse_host_num_blocks"
                 self._fail(line, f"{field}[{i}]", f"block id {b} >= {what} {limit}")
+
+
+def events_checked_elsewhere(path: str) -> Iterator[Event]:
+    """The events of a trace that another reader of the same file checks at the
+    same time (the forked side of a diff, harness/sources/side_by_side.py):
+    no schema or context checks and no answers, which that reader owns and
+    reports. A JSON line takes the typed step; a line that step refuses, the
+    plain decode; a line not even that reads ends the events (the checking
+    reader names it). YAML traces are small: they are read the checked way."""
+    if path.endswith(YAML_SUFFIXES):
+        yield from (r.event for r in open_trace(path).records)
+        return
+    fast = fast_events()
+    decode, table = fast.decoder.decode if fast.decoder else None, fast.table
+    with open(path, "rb") as f:
+        f.readline()  # the header: the checking reader read it
+        for raw in f:
+            if raw.isspace():
+                continue
+            try:
+                s = decode(raw)
+                yield table[s.__class__][2](s)
+            except (msgspec.MsgspecError, RecursionError, KeyError, ValueError, TypeError):
+                try:
+                    yield event_from_dict(_PLAIN.decode(raw))
+                except Exception:  # noqa: BLE001 - bad input: the checking reader's to name
+                    return

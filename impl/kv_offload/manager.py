@@ -24,10 +24,18 @@ class CPUOffloadingManager:
     def __init__(self, num_chunks: int, cache_policy: str = "lru",
                  cache_policy_module_path: str | None = None, enable_events: bool = False,
                  store_threshold: int = 1, max_tracker_size: int = 64_000,
-                 policies: type[PolicyRegistry] = PolicyRegistry) -> None:
+                 policies: type[PolicyRegistry] = PolicyRegistry,
+                 request_ranked_lru: bool = False,
+                 announce_failed_stores: bool = False) -> None:
+        """request_ranked_lru and announce_failed_stores: 0.33's tier (the
+        profile fields offload_request_ranked_lru, offload_failed_store_events)."""
         self.num_chunks = num_chunks
-        policy_cls = policies.get_cache_policy_cls(cache_policy, cache_policy_module_path)
+        policy_cls = policies.get_cache_policy_cls(cache_policy, cache_policy_module_path,
+                                                   request_ranked_lru)
         self.policy = policy_cls(cache_capacity=num_chunks)
+        # 0.33 tells the policy of each key a running request first sees.
+        self.reports_accesses = request_ranked_lru
+        self.announce_failed_stores = announce_failed_stores
         self.events: list[OffloadEvent] | None = [] if enable_events else None
         self.store_threshold = store_threshold
         # Offers are counted only when a threshold can hold a store back.
@@ -65,12 +73,16 @@ class CPUOffloadingManager:
 
     def _note_access(self, keys, ctx, inserted=(), reused=()) -> None:
         record = self._access(ctx)
+        first_seen = []
         for key in keys:
             if key in record.observed:
                 continue
             assert not record.done, "a finished request observed a new offload key"
             record.by_group.setdefault(key_group_idx(key), []).append(key)
             record.observed.add(key)
+            first_seen.append(key)
+        if first_seen and self.reports_accesses:
+            self.policy.on_request_access(first_seen, ctx)
         record.inserted.update(inserted)
         # Reading back what this request itself stored is no second access.
         record.reused.update(k for k in reused if k not in record.inserted)
@@ -162,14 +174,14 @@ class CPUOffloadingManager:
                 self.events.append(OffloadEvent(keys=evicted_keys, removed=True))
         chunks = self._take_slots(candidates)
         for key, chunk in zip(candidates, chunks):
-            self.policy.insert(key, chunk)
+            self.policy.insert(key, chunk, req_context)
         self.num_storing += len(candidates)
         record.inserted.update(candidates)
         return StorePlan(keys_to_store=candidates, chunk_ids=[c.chunk_id for c in chunks],
                          evicted_keys=evicted_keys)
 
     def complete_store(self, keys: Collection[bytes], req_context, success: bool = True) -> None:
-        stored = []
+        stored, dropped = [], []
         for key in keys:
             chunk = self.policy.get(key)
             if chunk is None or chunk.is_ready:
@@ -183,7 +195,12 @@ class CPUOffloadingManager:
             else:
                 self.policy.remove(key)
                 self.free_slots.append(chunk.chunk_id)
-        if stored and self.events is not None:
+                dropped.append(key)
+        if self.events is None:
+            return
+        if dropped and self.announce_failed_stores:
+            self.events.append(OffloadEvent(keys=dropped, removed=True, metadata_only=True))
+        if stored:
             self.events.append(OffloadEvent(keys=stored, removed=False))
 
     def on_request_finished(self, req_context) -> None:
@@ -210,9 +227,22 @@ class CPUOffloadingManager:
         return
 
     def take_events(self) -> Iterator[OffloadEvent]:
-        if self.events is not None:
+        if self.events is None:
+            return
+        if not self.announce_failed_stores:
             yield from self.events
             self.events.clear()
+            return
+        # Taken whole first: a drain stopped half way must not see, later, a
+        # failed store's keys that a new store holds again by then.
+        taken, self.events = self.events, []
+        for event in taken:
+            if event.metadata_only:
+                keys = [k for k in event.keys if self.policy.get(k) is None]
+                if not keys:
+                    continue
+                event = OffloadEvent(keys, event.removed, event.medium, True)
+            yield event
 
     def reset_cache(self):
         self.policy.clear()

@@ -45,3 +45,6 @@ class OffloadEvent:
     keys: list[bytes]
     removed: bool
     medium: str = MEDIUM_CPU
+    # A removal that frees the tier's record only (a failed store, 0.33): the
+    # keys never were readable, so no eviction is announced to consumers.
+    metadata_only: bool = False

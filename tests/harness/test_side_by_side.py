@@ -72,6 +72,42 @@ def test_a_divergence_in_the_forked_backend_is_found_and_reported_exactly(spied,
     assert _summary(alone) == _summary(beside)
 
 
+def _bad_line_after(tmp_path, events: int) -> str:
+    """TRACE's header and first `events` events, then a line no reader accepts."""
+    with open(TRACE) as f:
+        lines = [next(f) for _ in range(events + 1)]
+    path = tmp_path / "bad-line.jsonl"
+    path.write_text("".join(lines) + '{"op": "no_such_op"}\n')
+    return str(path)
+
+
+def test_bad_input_reads_as_in_one_process_without_a_rerun(spied, monkeypatch, tmp_path):
+    """The forked side reads past the bad line (it checks nothing); the
+    parent's last batch, cut short there, need only begin the process's."""
+    path = _bad_line_after(tmp_path, 100)
+    beside = check_trace(path, ["vllm", "impl"])
+    assert spied == {"forked": 1, "reruns": 0}
+    monkeypatch.setattr(side_by_side, "available", lambda: False)
+    alone = check_trace(path, ["vllm", "impl"])
+    assert beside.exit_code == alone.exit_code == 2
+    assert str(beside.error) == str(alone.error) and beside.error.line == 102
+
+
+def _batches(*items):
+    def batches():
+        yield from items
+    return lambda: batches()
+
+
+def test_answers_agree_as_equality_has_it_not_as_their_bytes():
+    p = BatchProcess(_batches([{"usage": 1.0, "n": 1}], [{"usage": 0.5}]))
+    try:
+        assert p.agrees([{"n": True, "usage": 1}])  # == says equal; the bytes differ
+        assert not p.agrees([{"usage": 0.25}])
+    finally:
+        p.close()
+
+
 def _failing():
     def batches():
         yield [1, 2]
@@ -82,9 +118,9 @@ def _failing():
 def test_a_process_that_fails_reads_as_a_failed_batch():
     p = BatchProcess(_failing)
     try:
-        assert p.next_batch() == [1, 2]
-        assert p.next_batch() is None
-        assert p.next_batch() is None  # and stays so
+        assert p.agrees([1, 2])
+        assert not p.agrees([3])
+        assert not p.agrees([3])  # and stays so
     finally:
         p.close()
 
@@ -94,6 +130,6 @@ def test_a_process_that_cannot_build_its_backend_is_not_ready():
         raise ValueError("no such config")
     p = BatchProcess(broken)
     try:
-        assert not p.wait_ready() and p.next_batch() is None
+        assert not p.wait_ready() and not p.agrees([1])
     finally:
         p.close()

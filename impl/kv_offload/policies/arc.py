@@ -22,7 +22,7 @@ class ARCCachePolicy(CachePolicy):
         chunk = self.t1.get(key)
         return chunk if chunk is not None else self.t2.get(key)
 
-    def insert(self, key: bytes, chunk: Chunk) -> None:
+    def insert(self, key: bytes, chunk: Chunk, req_context=None) -> None:
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)

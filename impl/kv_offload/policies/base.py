@@ -29,7 +29,7 @@ class CachePolicy:
     def get(self, key: bytes) -> Chunk | None:
         raise NotImplementedError
 
-    def insert(self, key: bytes, chunk: Chunk) -> None:
+    def insert(self, key: bytes, chunk: Chunk, req_context) -> None:
         raise NotImplementedError
 
     def remove(self, key: bytes) -> None:
@@ -46,6 +46,11 @@ class CachePolicy:
                             req_context) -> None:
         for keys in key_groups:
             self.touch(keys, req_context)
+
+    def on_request_access(self, keys: Iterable[bytes], req_context) -> None:
+        # Keys a running request sees for the first time (0.33's managers say
+        # so); a policy that ranks only at the end ignores them.
+        return
 
     def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
         raise NotImplementedError

@@ -17,14 +17,16 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int):
         CachePolicy.__init__(self, cache_capacity)
         self.held: dict[bytes, Chunk] = {}
-        self.rank: dict[bytes, int] = {}
+        # (clock, 0) for a plain use; the subclass ranks a request's keys
+        # under one clock value, by position (request_lru.py).
+        self.rank: dict[bytes, tuple[int, int]] = {}
         self.idle: set[bytes] = set()
-        self.queue: list[tuple[int, bytes]] = []
+        self.queue: list[tuple[tuple[int, int], bytes]] = []
         self.clock = 0
 
     def _stamp(self, key: bytes) -> None:
         self.clock += 1
-        self.rank[key] = self.clock
+        self.rank[key] = (self.clock, 0)
 
     def _rebuild(self) -> None:
         self.queue = [(self.rank[key], key) for key in self.idle]
@@ -41,6 +43,12 @@ class LRUCachePolicy(CachePolicy):
                 self._stamp(key)
                 if key in self.idle:
                     renewed.append(key)
+        self._requeue(renewed)
+
+    def _requeue(self, renewed: list[bytes]) -> None:
+        """Idle keys whose rank changed back into the heap."""
+        if not renewed:
+            return
         # A long renewal is cheaper as one rebuild than as many pushes.
         if len(renewed) >= max(_REBUILD_FLOOR, len(self.idle) // 4):
             self._rebuild()
@@ -52,12 +60,15 @@ class LRUCachePolicy(CachePolicy):
     def get(self, key: bytes) -> Chunk | None:
         return self.held.get(key)
 
-    def insert(self, key: bytes, chunk: Chunk) -> None:
+    def insert(self, key: bytes, chunk: Chunk, req_context=None) -> None:
         self.held[key] = chunk
-        self._stamp(key)
+        self._rank_new(key, req_context)
         if chunk.ref_cnt == 0:
             self.idle.add(key)
             heapq.heappush(self.queue, (self.rank[key], key))
+
+    def _rank_new(self, key: bytes, req_context) -> None:
+        self._stamp(key)
 
     def remove(self, key: bytes) -> None:
         del self.held[key]
@@ -79,16 +90,16 @@ class LRUCachePolicy(CachePolicy):
         self.queue.clear()
         self.clock = 0
 
-    def _live(self, entry: tuple[int, bytes]) -> bool:
+    def _live(self, entry: tuple[tuple[int, int], bytes]) -> bool:
         rank, key = entry
         return key in self.idle and self.rank.get(key) == rank
 
     def evict(self, n: int, protected: set[bytes]) -> list[tuple[bytes, Chunk]] | None:
         if n == 0:
             return []
-        picked: list[tuple[int, bytes]] = []
+        picked: list[tuple[tuple[int, int], bytes]] = []
         picked_keys: set[bytes] = set()
-        skipped: list[tuple[int, bytes]] = []
+        skipped: list[tuple[tuple[int, int], bytes]] = []
         while self.queue and len(picked) < n:
             entry = heapq.heappop(self.queue)
             if not self._live(entry) or entry[1] in picked_keys:

@@ -24,7 +24,12 @@ class PolicyRegistry:
         cls._loaders[name] = _builtin(module_path, class_name)
 
     @classmethod
-    def get_cache_policy_cls(cls, name: str, module_path: str | None = None) -> type:
+    def get_cache_policy_cls(cls, name: str, module_path: str | None = None,
+                             request_ranked_lru: bool = False) -> type:
+        # 0.33's LRU (the profile field offload_request_ranked_lru).
+        if name == "lru" and request_ranked_lru:
+            return _builtin("impl.kv_offload.policies.request_lru",
+                            "RequestRankedLRUCachePolicy")()
         loader = cls._loaders.get(name)
         if loader is not None:
             return loader()

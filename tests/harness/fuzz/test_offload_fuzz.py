@@ -16,8 +16,10 @@ from harness.fuzz.offload_program import Model, draw_config, program
 from impl.kv_offload.invariants import violations
 from impl.kv_offload.policies.arc import ARCCachePolicy
 from impl.kv_offload.policies.lru import LRUCachePolicy
+from impl.profiles import get_profile
 
 PROGRAMS = 40
+PROFILE = get_profile("0.32")
 
 
 def test_impl_agrees_with_vllm_over_seeded_programs():
@@ -34,7 +36,7 @@ def test_programs_are_deterministic_by_seed():
     def ops(seed):
         rng = random.Random(seed)
         config = draw_config(rng)
-        backend = ImplOffloadBackend(config)
+        backend = ImplOffloadBackend(config, PROFILE)
         gen = program(rng, config, 200, Model())
         seen, answer = [], None
         try:
@@ -95,7 +97,7 @@ def test_negative_control_arc_ghost_adaptation(monkeypatch):
 
 
 def test_invariants_catch_a_lost_slot_and_a_pinned_eviction():
-    backend = ImplOffloadBackend(OffloadConfig(num_chunks=2))
+    backend = ImplOffloadBackend(OffloadConfig(num_chunks=2), PROFILE)
     k1, k2, k3 = (key_of(h, 0) for h in (1, 2, 3))
     assert backend.run(("prepare_store", "a", [k1, k2]))["chunk_ids"] == [0, 1]
     backend.run(("complete_store", "a", [k1, k2], True))
