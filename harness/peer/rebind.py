@@ -27,6 +27,7 @@ def _entries():
     """(vLLM object, adapter) for every vLLM name the release running has: an
     older release (`kvconform --vllm 0.17.1 peer`) lacks some modules and
     names, and its tests then cannot use them either."""
+    import impl.block as iblock
     import impl.mamba_checkpoint as imc
     from harness.peer.adapters import hashing, hisparse, manager, metrics, pool, single_type, sizing
     from harness.peer.instrument import release_module
@@ -66,6 +67,8 @@ def _entries():
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(sizing, name)))
     for name in sizing.HISPARSE_LAYOUT_REBOUND:
         wanted.append(("vllm.v1.hisparse.layout", name, getattr(sizing, name)))
+    # impl's own helper, same signature.
+    wanted.append(("vllm.v1.core.kv_cache_utils", "null_head_len", iblock.null_head_len))
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))

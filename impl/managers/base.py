@@ -12,7 +12,7 @@ needs (`find_longest_cache_hit`) and which blocks are worth keying
 from collections.abc import Sequence
 from typing import ClassVar
 
-from impl.block import BlockList, KVCacheBlock
+from impl.block import BlockList, KVCacheBlock, null_head_len
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import AttentionSpec, KVCacheSpec
 from impl.math_utils import cdiv
@@ -323,9 +323,7 @@ class SingleTypeKVCacheManager:
         table = self.req_to_blocks.pop(request_id, [])
         if self._profile.null_block_refcount:
             return table
-        skipped = 0
-        while skipped < len(table) and table[skipped].is_null:
-            skipped += 1
+        skipped = null_head_len(table)
         return table[skipped:] if skipped else table
 
     def free(self, request_id: str) -> None:
