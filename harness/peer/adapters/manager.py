@@ -48,6 +48,11 @@ class KVCacheManager(Adapter):
         # The same bound under its older name (0.25.1's signature, say).
         if "max_num_batched_tokens" in arguments:
             arguments["max_in_flight_tokens"] = arguments.pop("max_num_batched_tokens")
+        # 0.30's name of the Mamba junction checkpoints (its predicate is
+        # the same: EAGLE groups, hits inside blocks, no prefill lookahead).
+        if "enable_mamba_fine_grained_prefix_cache" in arguments:
+            arguments["enable_mamba_shared_prefix_checkpoint"] = arguments.pop(
+                "enable_mamba_fine_grained_prefix_cache")
         self._init(**arguments)
 
     def _init(self, kv_cache_config, max_model_len, hash_block_size,
@@ -86,6 +91,8 @@ class KVCacheManager(Adapter):
         object.__setattr__(self, "kv_cache_config", kv_cache_config)
 
     kv_cache_config = None
+    # vLLM's older names for what impl keeps under its own.
+    _PRIVATE = {"mamba_fine_grained_prefix_cache": "mamba_shared_prefix_checkpoint"}
 
     def get_computed_blocks(self, request, max_cache_hit_length=None):
         # (The bound is 0.33's; impl refuses it for a release without it.)

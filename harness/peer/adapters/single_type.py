@@ -136,6 +136,8 @@ class _Manager(Adapter):
         "_checkpoints": "prefill_checkpoints",
         "_allocated_block_reqs": "allocated_requests",
         "_relocate_speculative_block": "relocate_speculative_block",
+        # (0.30's name of the Mamba junction checkpoints.)
+        "fine_grained_prefix_cache": "shared_prefix_checkpoint",
     }
 
 

@@ -20,6 +20,8 @@ import copy
 import dataclasses
 
 from harness.peer import convert, proxies
+from harness.peer import features as F
+from harness.peer.lacks import ImplLacks
 from impl import coordinator as icoord
 from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
@@ -124,6 +126,9 @@ def _hisparse(vllm_config) -> ilayout.HiSparsePlanning | None:
     config = _field(vllm_config, "attention_config", "hisparse_config")
     if config is None:
         return None
+    if not convert.PROFILE.hisparse:
+        # 0.30-0.31's HiSparse is an older shape impl does not model.
+        raise ImplLacks(F.HISPARSE, f"HiSparse planning under vLLM {convert.PROFILE.name}")
     from vllm.v1.attention.backend import max_decode_query_len
 
     return ilayout.HiSparsePlanning(
