@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import types
 
-from harness.peer import proxies
+from harness.peer import convert, proxies
 
 _table: dict[int, tuple[object, object]] | None = None
 
@@ -79,9 +79,10 @@ def _entries():
             pairs.append((getattr(module, name), adapter))
     pairs.extend(sizing.spec_classes())
     pairs.append(sizing.config_class())
-    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release has
-    # impl's model of it (0.32's manager and policies).
-    if release_module("vllm.v1.kv_offload.cpu.policies.factory") is not None:
+    # The CPU offload tier (tests/v1/kv_offload/cpu/), where impl models the
+    # release's (profile.offload_cpu_tier: 0.32's manager and policies on);
+    # an older release's tier is vLLM's own in its tests (not applicable).
+    if convert.PROFILE.offload_cpu_tier:
         from harness.peer.adapters import offload
 
         pairs.extend(offload.rebound())
