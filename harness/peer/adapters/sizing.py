@@ -126,10 +126,12 @@ def _hisparse(vllm_config) -> ilayout.HiSparsePlanning | None:
     config = _field(vllm_config, "attention_config", "hisparse_config")
     if config is None:
         return None
-    if not convert.PROFILE.hisparse:
-        # 0.30-0.31's HiSparse is an older shape impl does not model.
-        raise ImplLacks(F.HISPARSE, f"HiSparse planning under vLLM {convert.PROFILE.name}")
-    from vllm.v1.attention.backend import max_decode_query_len
+    try:
+        from vllm.v1.attention.backend import max_decode_query_len
+    except ImportError:
+        # 0.30's HiSparse config has no decode query bound: an older shape.
+        raise ImplLacks(F.HISPARSE, f"HiSparse planning under vLLM "
+                                    f"{convert.PROFILE.name}") from None
 
     return ilayout.HiSparsePlanning(
         index_topk=vllm_config.model_config.hf_config.index_topk,
