@@ -261,13 +261,17 @@ def _group_template(group, specs_by_layer):
 
 def to_vllm_group(group, spec):
     """impl's group as vLLM's KVCacheGroupSpec, its spec already converted."""
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole, KVCacheGroupSpec
+    from vllm.v1 import kv_cache_interface as v
 
-    role = KVCacheGroupRole(group.role.value) if group.role is not None else (
-        KVCacheGroupRole.DEFAULT)
-    return KVCacheGroupSpec(list(group.layer_names), spec, is_eagle_group=group.is_eagle_group,
-                            host_resident=group.host_resident,
-                            enable_kv_transfer=group.enable_kv_transfer, role=role)
+    # Only the fields the running release's group has (0.28 has no roles).
+    has = {f.name for f in dataclasses.fields(v.KVCacheGroupSpec)}
+    extra = {name: getattr(group, name)
+             for name in ("is_eagle_group", "host_resident", "enable_kv_transfer")
+             if name in has}
+    if "role" in has:
+        extra["role"] = (v.KVCacheGroupRole(group.role.value) if group.role is not None
+                         else v.KVCacheGroupRole.DEFAULT)
+    return v.KVCacheGroupSpec(list(group.layer_names), spec, **extra)
 
 
 def to_vllm_groups(groups, specs_by_layer, originals=None):
