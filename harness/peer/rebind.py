@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import types
 
-from harness.peer import convert, proxies
+from harness.peer import proxies
 
 _table: dict[int, tuple[object, object]] | None = None
 
@@ -79,10 +79,12 @@ def _entries():
             pairs.append((getattr(module, name), adapter))
     pairs.extend(sizing.spec_classes())
     pairs.append(sizing.config_class())
-    # The CPU offload tier (tests/v1/kv_offload/cpu/), where impl models the
-    # release's (profile.offload_cpu_tier: 0.32's manager and policies on);
-    # an older release's tier is vLLM's own in its tests (not applicable).
-    if convert.PROFILE.offload_cpu_tier:
+    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release's
+    # has the chunk-status shape impl's model has (0.30 on; 0.28's policies
+    # have no ChunkStatus): its tests then check impl's answers, also where
+    # the profile does not claim the tier (offload_cpu_tier) and they differ.
+    policies = release_module("vllm.v1.kv_offload.cpu.policies.base")
+    if policies is not None and hasattr(policies, "ChunkStatus"):
         from harness.peer.adapters import offload
 
         pairs.extend(offload.rebound())
