@@ -254,11 +254,17 @@ class SlidingWindowSpec(AttentionSpec):
     def sliding_window_of_events(self) -> int | None:
         return self.sliding_window
 
+    @property
+    def retained_tokens(self) -> int:
+        """Tokens below a request's first scheduled position that must stay
+        readable: the window behind it and the extra kept for speculation."""
+        return self.sliding_window - 1 + self.extra_retained_tokens
+
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
                                          max_model_len: int) -> int:
         # The window behind the last computed token plus what is in flight;
         # one more since the window need not start on a block boundary.
-        span = self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens
+        span = self.retained_tokens + max_in_flight_tokens
         return cdiv(min(span, max_model_len), self.block_size) + 1
 
 

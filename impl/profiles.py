@@ -356,6 +356,10 @@ class VersionProfile:
     hash_lookahead_tokens: bool
     # get_computed_blocks(request, max_cache_hit_length) bounds the hit (0.33).
     max_cache_hit_length: bool
+    # A scheduler with a KV connector looks a request up with
+    # get_computed_blocks_for_connector and may cut the local hit back with
+    # truncate_computed_blocks (0.27+); before, the plain lookup.
+    connector_lookup: bool
     kv_cache_tensor_plan: KVCacheTensorPlan
     unify_pads_pages: UnifyPadsPages
     # Hybrid layer grouping: when the largest per-kind layer count is below
@@ -400,6 +404,23 @@ class VersionProfile:
     # after the junction lacks the EAGLE peek there, so its hit lands a
     # block lower (0.33).
     eagle_junction_block_below: bool = False
+    # The new model runner's forward-pass block tables hold the null block
+    # in a sliding-window group's entries wholly below the window of the
+    # request's first scheduled token (0.33: those blocks may be freed and
+    # reused, and a kernel tile straddling the window start still loads them).
+    worker_nulls_below_window: bool = False
+    # BlockRemoved goes out for every physical copy of a hash evicted, also
+    # while another copy stays cached (vLLM does not merge equal blocks), so a
+    # consumer that indexes hashes forgets one the engine still holds: a
+    # known bug of every followed release (vllm #55092, #48933, both open).
+    # impl sends the same events; the harness's event reconciliation reads it.
+    kv_events_removed_per_copy: bool = True
+    # A hit of a request whose kv_cache_report_mode is full is announced
+    # again with the hash of every block it spans, its null (skipped) blocks'
+    # too, which no block caches and no BlockRemoved will ever retract (0.32:
+    # emit_cached_block_events counts the hit's blocks, nulls included; a
+    # known bug). impl does the same; the event reconciliation reads it.
+    full_report_announces_skipped_blocks: bool = False
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
     # The tier as impl models it: chunk slots, policies by name, per-request
     # access records handed to the policy when a request finishes (0.32+;
@@ -457,6 +478,7 @@ def _profiles() -> dict[str, VersionProfile]:
         null_block_refcount=True,
         hash_lookahead_tokens=False,
         max_cache_hit_length=False,
+        connector_lookup=False,
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=UnifyPadsPages.NEVER,
         uniform_group_pad_ratio=1.25,
@@ -513,7 +535,8 @@ def _profiles() -> dict[str, VersionProfile]:
          rswa_groups=True)
     then("0.27",
          stats_recorded_at=StatsRecordedAt.ADMISSION,
-         free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING)
+         free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING,
+         connector_lookup=True)
     then("0.28",
          free_order=FreeOrder.UNHASHED_FIRST,
          partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)
@@ -541,7 +564,8 @@ def _profiles() -> dict[str, VersionProfile]:
          mamba_prefill_checkpoints=True,
          hisparse=True,
          eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
-         offload_cpu_tier=True)
+         offload_cpu_tier=True,
+         full_report_announces_skipped_blocks=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,
@@ -551,6 +575,7 @@ def _profiles() -> dict[str, VersionProfile]:
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
          eagle_junction_block_below=True,
+         worker_nulls_below_window=True,
          offload_request_ranked_lru=True,
          offload_failed_store_events=True)
     return {p.name: replace(p, checked_against=_checked_against(p, nxt))

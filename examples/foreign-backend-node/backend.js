@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // An example kvconform foreign backend (specs/FOREIGN_BACKEND.md) in plain
-// Node.js: vLLM 0.32's KV cache manager for one full-attention group, with
-// prefix caching, the free queue's eviction order, sha256 / sha256_cbor block
+// Node.js: vLLM 0.32's KV cache manager for one full-attention or sliding-window
+// group, or a hybrid of the two with equal block sizes, with prefix caching, the free queue's eviction order, sha256 / sha256_cbor block
 // hashes (NONE_HASH as 0.32 derives it), LoRA and cache-salt extra keys, KV
 // events and prefix-cache stats. No npm packages.
 //
@@ -12,17 +12,20 @@ const crypto = require('crypto');
 const readline = require('readline');
 
 const BUG = process.env.KVCONFORM_NODE_BUG || '';
-const OPS = ['add_request', 'lookup', 'allocate', 'append_tokens', 'cache_blocks', 'free',
+const OPS = ['add_request', 'lookup', 'truncate_computed_blocks', 'allocate', 'append_tokens',
+  'cache_blocks', 'free',
   'preempt', 'record_stats', 'reset_prefix_cache', 'evict_blocks', 'step',
   'take_block_copies', 'checkpoint'];
 const HELLO = {
   kvconform_foreign_backend: 1,
   name: 'node-example',
   capabilities: {
-    profiles: ['0.32'], kinds: ['full_attention'], hash_algos: ['sha256', 'sha256_cbor'],
+    profiles: ['0.32'], kinds: ['full_attention', 'sliding_window'],
+    hash_algos: ['sha256', 'sha256_cbor'],
     ops: OPS, checkpoint_fields: ['free_queue', 'num_free', 'usage', 'stats', 'events',
       'free_queue_digest'],
     inspect: true,
+    restart: true,  // a new `start` discards every state: one process serves many runs
   },
 };
 
@@ -179,12 +182,21 @@ const WAITING = 'waiting', RUNNING = 'running', REMOTE = 'waiting_for_remote_kvs
 class Manager {
   constructor(cache, profile) {
     const groups = cache.groups;
-    if (groups.length !== 1) throw new NotCovered(`${groups.length} KV cache groups`);
+    for (const g of groups) {
+      const kind = g.kind || 'full_attention';
+      const fields = kind === 'sliding_window' ? ['block_size', 'kind', 'sliding_window'] : ['block_size', 'kind'];
+      for (const k of Object.keys(g)) if (!fields.includes(k)) throw new NotCovered(`group field ${k}`);
+    }
+    // One group, or a hybrid of one full-attention and one sliding-window group
+    // of the same block size (hashed at it, hit at it: no finer alignment).
+    const kinds = groups.map((g) => g.kind || 'full_attention').sort().join(' + ');
+    if (groups.length > 2) throw new NotCovered(`${groups.length} KV cache groups`);
+    if (groups.length === 2 && kinds !== 'full_attention + sliding_window') throw new NotCovered(`groups ${kinds}`);
+    if (groups.length === 2 && groups[0].block_size !== groups[1].block_size) throw new NotCovered('groups of different block sizes');
     const g = groups[0];
-    for (const k of Object.keys(g)) if (k !== 'block_size' && k !== 'kind') throw new NotCovered(`group field ${k}`);
     const known = new Set(['num_blocks', 'groups', 'hash_algo', 'hash_seed', 'none_hash',
       'enable_caching', 'max_model_len', 'log_stats', 'enable_kv_cache_events',
-      'events_use_int_hashes', 'watermark']);
+      'events_use_int_hashes', 'watermark', 'max_in_flight_tokens']);
     for (const k of Object.keys(cache)) if (!known.has(k)) throw new NotCovered(`cache field ${k}`);
     if (profile.free_order !== 'unhashed_first') throw new NotCovered(`free order ${profile.free_order}`);
     this.bs = g.block_size;
@@ -193,6 +205,24 @@ class Manager {
     this.events = cache.enable_kv_cache_events !== false;
     this.intHashes = cache.events_use_int_hashes !== false;
     this.maxLen = cache.max_model_len || 65536;
+    const inFlight = cache.max_in_flight_tokens === undefined || cache.max_in_flight_tokens === null
+      ? this.maxLen : cache.max_in_flight_tokens;
+    this.groups = groups.map((grp, idx) => {
+      const kind = grp.kind || 'full_attention';
+      // A sliding window w: a token reads the w - 1 tokens before it (null: full attention).
+      const window = kind === 'sliding_window' ? grp.sliding_window : null;
+      return {
+        idx, kind, window,
+        // The most blocks a window group's request holds at once: what
+        // full_sequence_must_fit admits by (none for full attention).
+        cap: window === null ? null : cdiv(Math.min(window - 1 + inFlight, this.maxLen), this.bs) + 1,
+        suffix: idx.toString(16).padStart(8, '0'),  // the group id a block's key ends with
+        tables: new Map(),  // request id -> blocks
+        numCached: new Map(),  // request id -> keyed leading blocks (running requests)
+      };
+    });
+    // Full attention is looked up first: its hit bounds the window's.
+    this.lookupOrder = [...this.groups].sort((a, b) => (a.window === null ? 0 : 1) - (b.window === null ? 0 : 1));
     this.numBlocks = cache.num_blocks;
     this.watermarkBlocks = Math.floor((cache.watermark || 0) * cache.num_blocks);
     this.tagged = profile.tagged_extra_keys;
@@ -205,10 +235,9 @@ class Manager {
     for (let i = 0; i < this.numBlocks; i++) this.blocks.push({ id: i, ref: 0, key: null });
     this.queue = new FreeQueue(this.blocks);
     this.queue.popleft();  // block 0: the null block, never handed out
+    this.null = this.blocks[0];  // where a table skips a block (out of the window)
     this.cached = new Map();  // key -> Map(block id -> block), first inserted found first
     this.reqs = new Map();
-    this.tables = new Map();  // request id -> blocks
-    this.numCached = new Map();  // request id -> keyed leading blocks (running requests)
     this.kvEvents = [];
     this.stats = this.freshStats();
   }
@@ -239,9 +268,62 @@ class Manager {
   }
   external(hash) { return this.intHashes ? hash.readBigUInt64BE(hash.length - 8) : hash.toString('hex'); }
 
+  // -- the window --
+  skipped(g, numComputed) {  // leading tokens no later token reads
+    if (g.window === null) return 0;
+    return Math.max(0, numComputed - g.window + 1);
+  }
+  removeSkipped(g, r, numComputed) {
+    // Blocks wholly behind the window go back, newest first, up to the first null.
+    const gone = this.skipped(g, numComputed);
+    const table = g.tables.get(r.id);
+    if (gone <= 0 || !table) return;
+    const freed = [];
+    for (let i = Math.min(Math.floor(gone / this.bs), table.length) - 1; i >= 0; i--) {
+      if (table[i] === this.null) break;
+      freed.push(table[i]); table[i] = this.null;
+    }
+    if (freed.length) this.freeBlocks(freed);
+  }
+  longestHit(g, r, maxTokens) {
+    const most = Math.min(Math.floor(maxTokens / this.bs), r.hashes.length);
+    const hit = [];
+    if (g.window === null) {
+      for (let i = 0; i < most; i++) {
+        const b = this.findCached(r.hashes[i], g);
+        if (!b) break;
+        hit.push(b);
+      }
+      return hit;
+    }
+    // From the right: the first run of enough cached blocks before the hit's end
+    // wins; a shorter run reaching block 0 still does (the window covers it all).
+    const need = cdiv(g.window - 1, this.bs);
+    let run = [], start = 0;
+    for (let i = most - 1; i >= 0; i--) {
+      const b = this.findCached(r.hashes[i], g);
+      if (!b) { run = []; continue; }
+      run.push(b);
+      if (run.length >= need) { start = i; break; }
+    }
+    return [...new Array(start).fill(this.null), ...run.reverse()];
+  }
+  agreedHit(r) {
+    // Each group's hit, the hybrid's agreed on: the full-attention hit bounds the
+    // window's lookup (one pass agrees), then is cut to the window's length.
+    const hits = this.groups.map(() => []);
+    let length = r.tokens.length - 1;
+    for (const g of this.lookupOrder) {
+      hits[g.idx] = this.longestHit(g, r, length);
+      length = hits[g.idx].length * this.bs;
+    }
+    for (const g of this.groups) if (g.window === null) hits[g.idx].length = length / this.bs;
+    return hits;
+  }
+
   // -- the pool --
-  findCached(hash) {
-    const m = this.cached.get(hash.toString('hex') + '00000000');
+  findCached(hash, g) {
+    const m = this.cached.get(hash.toString('hex') + g.suffix);
     if (!m) return null;
     return m.values().next().value;
   }
@@ -249,7 +331,7 @@ class Manager {
     if (b.key === null) return;
     const m = this.cached.get(b.key);
     if (m) { m.delete(b.id); if (!m.size) this.cached.delete(b.key); }
-    if (this.events) this.kvEvents.push({ type: 'BlockRemoved', block_hashes: [this.external(Buffer.from(b.key.slice(0, -8), 'hex'))], medium: 'GPU', group_idx: 0 });
+    if (this.events) this.kvEvents.push({ type: 'BlockRemoved', block_hashes: [this.external(Buffer.from(b.key.slice(0, -8), 'hex'))], medium: 'GPU', group_idx: parseInt(b.key.slice(-8), 16) });
     b.key = null;
   }
   getNewBlocks(n) {
@@ -261,10 +343,11 @@ class Manager {
     }
     return out;
   }
-  touch(blocks) { for (const b of blocks) { if (!b.ref) this.queue.remove(b); b.ref++; } }
+  touch(blocks) { for (const b of blocks) { if (b === this.null) continue; if (!b.ref) this.queue.remove(b); b.ref++; } }
   freeBlocks(ordered) {
     const front = [], back = [];
     for (const b of ordered) {
+      if (b === this.null) continue;
       b.ref--;
       if (b.ref) continue;
       if (this.caching && b.key !== null) back.push(b); else front.push(b);
@@ -272,15 +355,18 @@ class Manager {
     if (front.length) this.queue.prependN(front);
     if (back.length) this.queue.appendN(back);
   }
-  cacheBlocks(r, numTokens) {
-    const done = this.numCached.get(r.id) || 0;
+  cacheBlocks(g, r, numTokens) {
+    const done = g.numCached.get(r.id) || 0;
     const full = Math.floor(numTokens / this.bs);
     if (done >= full) return;
-    const table = this.tables.get(r.id);
+    const table = g.tables.get(r.id);
     const stored = [], extras = [];
+    // A window of one token needs no block before a hit's end: none is worth keying.
+    const keyNone = g.window !== null && cdiv(g.window - 1, this.bs) === 0;
     for (let i = done; i < full; i++) {
       const b = table[i];
-      const key = r.hashes[i].toString('hex') + '00000000';
+      if (b === this.null || keyNone) continue;
+      const key = r.hashes[i].toString('hex') + g.suffix;
       if (b.key === null) {
         b.key = key;
         if (!this.cached.has(key)) this.cached.set(key, new Map());
@@ -296,23 +382,47 @@ class Manager {
         token_ids: r.tokens.slice(done * this.bs, full * this.bs), block_size: this.bs,
         lora_id: r.lora ? r.lora.int_id : undefined, medium: 'GPU',
         lora_name: r.lora ? r.lora.name : undefined, extra_keys: extras.length ? extras : undefined,
-        group_idx: 0, kv_cache_spec_kind: 'full_attention', session_id: r.session || undefined,
+        group_idx: g.idx, kv_cache_spec_kind: g.kind,
+        kv_cache_spec_sliding_window: g.window === null ? undefined : g.window,
+        session_id: r.session || undefined,
       });
     }
-    this.numCached.set(r.id, full);
+    g.numCached.set(r.id, full);
   }
   releaseRequest(r) {
-    const table = this.tables.get(r.id) || [];
-    // Tail first: the last blocks of a request are the least likely to be hit.
-    this.freeBlocks(BUG === 'eviction-order' ? table : [...table].reverse());
-    this.tables.delete(r.id); this.numCached.delete(r.id);
+    for (const g of this.groups) {  // group after group
+      const table = g.tables.get(r.id) || [];
+      // Tail first: the last blocks of a request are the least likely to be hit.
+      this.freeBlocks(BUG === 'eviction-order' ? table : [...table].reverse());
+      g.tables.delete(r.id); g.numCached.delete(r.id);
+    }
   }
-  blocksToAllocate(r, numTokens, hit) {
-    const wanted = cdiv(numTokens, this.bs);
-    const held = (this.tables.get(r.id) || []).length;
-    if (this.numCached.has(r.id)) return Math.max(0, wanted - held);
-    const fresh = Math.max(0, wanted - (hit.length + held));
-    return fresh + hit.filter((b) => !b.ref).length;
+  blocksToAllocate(g, r, numTokens, hit, totalComputed, capped = false) {
+    let wanted = cdiv(numTokens, this.bs);
+    if (capped && g.cap !== null && g.cap < wanted) wanted = g.cap;
+    const held = (g.tables.get(r.id) || []).length;
+    if (g.numCached.has(r.id)) return Math.max(0, wanted - held);
+    const gone = Math.floor(this.skipped(g, totalComputed) / this.bs);
+    const fresh = Math.max(0, wanted - Math.max(gone, hit.length + held));
+    // Hit blocks in the free queue leave it when taken (not those behind the window).
+    return fresh + hit.slice(Math.max(0, gone - held)).filter((b) => !b.ref && b !== this.null).length;
+  }
+  adoptHit(g, r, hit, local, ext) {
+    const gone = Math.floor(this.skipped(g, local + ext) / this.bs);
+    const kept = gone > 0 ? hit.slice(gone) : hit;
+    this.touch(kept);
+    const table = [...new Array(Math.max(gone, 0)).fill(this.null), ...kept];
+    g.tables.set(r.id, table);
+    g.numCached.set(r.id, table.length);
+  }
+  allocateExternal(g, r, local, ext) {
+    const total = local + ext;
+    const gone = this.skipped(g, total);
+    if (gone > 0) ext = Math.min(total - gone, ext);  // 0.32: no slot for tokens out of the window
+    if (ext <= 0) return;
+    if (!g.tables.has(r.id)) g.tables.set(r.id, []);
+    const table = g.tables.get(r.id);
+    table.push(...this.getNewBlocks(Math.max(0, cdiv(total, this.bs) - table.length)));
   }
 
   // -- events --
@@ -335,68 +445,80 @@ class Manager {
     const r = this.req(ev.req);
     if (ev.max_cache_hit_length !== undefined && ev.max_cache_hit_length !== null) throw new NotCovered('max_cache_hit_length');
     if (r.computed) throw new Rejected(`vLLM rejects this: request '${r.id}' is running`);
-    const hit = [];
-    if (this.caching && !r.skipRead) {
-      const most = Math.floor((r.tokens.length - 1) / this.bs);
-      for (let i = 0; i < most && i < r.hashes.length; i++) {
-        const b = this.findCached(r.hashes[i]);
-        if (!b) break;
-        hit.push(b);
-      }
-    }
-    r.hit = hit;
-    return { hit_tokens: hit.length * this.bs, block_ids: [hit.map((b) => b.id)] };
+    const hits = this.caching && !r.skipRead ? this.agreedHit(r) : this.groups.map(() => []);
+    r.hit = hits;
+    const answer = { hit_tokens: this.hitTokens(hits), block_ids: hits.map((h) => h.map((b) => b.id)) };
+    // A connector's lookup: with no Mamba group it is the plain one, never diverged.
+    if (ev.for_connector) answer.hit_diverged = false;
+    return answer;
+  }
+  op_truncate_computed_blocks(ev) {
+    const r = this.req(ev.req);
+    if (r.hit === null) throw new Rejected(`request '${r.id}' has no pending lookup hit to truncate`, 'req');
+    const n = ev.num_computed_tokens;
+    if (n % this.bs || n / this.bs > r.hit[0].length) throw new Rejected(`vLLM rejects this: AssertionError: ${n} tokens`, 'num_computed_tokens');
+    r.hit = r.hit.map((h) => h.slice(0, n / this.bs));
+    return { block_ids: r.hit.map((h) => h.map((b) => b.id)) };
+  }
+  hitTokens(hits) {  // every group's hit ends at the same token
+    return hits[0].length * this.bs;
   }
   op_allocate(ev) {
     const r = this.req(ev.req);
     const numNew = ev.num_new_tokens, ahead = ev.num_lookahead_tokens || 0;
     const ext = ev.num_external_computed_tokens || 0;
-    if (ev.num_encoder_tokens || ev.reserved_blocks) throw new NotCovered('num_encoder_tokens / reserved_blocks');
-    const hit = r.hit; r.hit = null;
-    const hitTokens = hit ? hit.length * this.bs : 0;
+    if (ev.num_encoder_tokens) throw new NotCovered('num_encoder_tokens');
+    const reserved = ev.reserved_blocks || 0;  // kept free for others: only this allocation counts them
+    const hits = r.hit; r.hit = null;
+    const hitTokens = hits ? this.hitTokens(hits) : 0;
     if (!(numNew || ext || hitTokens)) throw new Rejected('vLLM rejects this: ValueError: nothing to allocate', 'num_new_tokens');
     const local = r.computed + hitTokens;
     const computed = Math.min(local + ext, this.maxLen);
     const scheduled = ev.has_scheduled_reqs === undefined ? true : ev.has_scheduled_reqs;
     const headroom = scheduled && (r.status === WAITING || r.status === PREEMPTED) ? this.watermarkBlocks : 0;
-    const hitBlocks = hit || [];
+    const hitOf = (g) => (hits ? hits[g.idx] : []);
+    const needed = (numTokens, total, capped) => this.groups.reduce(
+      (n, g) => n + this.blocksToAllocate(g, r, numTokens, hitOf(g), total, capped), 0);
     if (ev.full_sequence_must_fit) {
       const whole = Math.min(r.tokens.length, this.maxLen);
-      if (this.blocksToAllocate(r, whole, hitBlocks) + headroom > this.queue.n) return { refused: true };
+      if (needed(whole, computed, true) + headroom > this.queue.n) return { refused: true };
     }
     const slots = Math.min(computed + numNew + ahead, this.maxLen);
-    if (this.blocksToAllocate(r, slots, hitBlocks) + headroom > this.queue.n) return { refused: true };
-    if (hit !== null || ext > 0) {
-      if (!this.numCached.has(r.id)) {
-        this.touch(hitBlocks);
-        this.tables.set(r.id, [...hitBlocks]);
-        this.numCached.set(r.id, hitBlocks.length);
-      }
-      if (ext > 0) {
-        const table = this.tables.get(r.id);
-        const missing = cdiv(local + ext, this.bs) - table.length;
-        table.push(...this.getNewBlocks(Math.max(0, missing)));
-      }
+    // What the window has left goes back first, even if the allocation is then refused.
+    for (const g of this.groups) this.removeSkipped(g, r, computed);
+    if (needed(slots, local + ext, false) + headroom > this.queue.n - reserved) return { refused: true };
+    const running = this.groups.some((g) => g.numCached.has(r.id));  // adopts nothing
+    if ((hits !== null || ext > 0) && !running) {
+      // Every group's hit is held before any group takes blocks for external tokens.
+      for (const g of this.groups) this.adoptHit(g, r, hitOf(g), local, ext);
+      if (ext > 0) for (const g of this.groups) this.allocateExternal(g, r, local, ext);
     }
-    if (!this.tables.has(r.id)) this.tables.set(r.id, []);
-    if (!this.numCached.has(r.id)) this.numCached.set(r.id, 0);
-    const table = this.tables.get(r.id);
-    const missing = cdiv(slots, this.bs) - table.length;
-    const fresh = missing > 0 ? this.getNewBlocks(missing) : [];
-    table.push(...fresh);
-    if (!ev.delay_cache_blocks && this.caching) this.cacheBlocks(r, Math.min(computed + numNew, r.tokens.length));
+    const fresh = this.groups.map((g) => {
+      if (!g.tables.has(r.id)) g.tables.set(r.id, []);
+      if (!g.numCached.has(r.id)) g.numCached.set(r.id, 0);
+      const table = g.tables.get(r.id);
+      const missing = cdiv(slots, this.bs) - table.length;
+      const grown = missing > 0 ? this.getNewBlocks(missing) : [];
+      table.push(...grown);
+      return grown;
+    });
+    if (!ev.delay_cache_blocks && this.caching) {
+      for (const g of this.groups) this.cacheBlocks(g, r, Math.min(computed + numNew, r.tokens.length));
+    }
     r.computed += hitTokens + ext + numNew;
     r.status = ev.delay_cache_blocks ? REMOTE : RUNNING;
-    return { block_ids: [fresh.map((b) => b.id)] };
+    return { block_ids: fresh.map((grown) => grown.map((b) => b.id)) };
   }
   op_append_tokens(ev) { const r = this.req(ev.req); r.tokens.push(...ev.tokens); return { block_hashes: this.hashNew(r) }; }
   op_cache_blocks(ev) {
     const r = this.req(ev.req);
     if (this.caching) {
-      const held = (this.tables.get(r.id) || []).length;
       const full = Math.floor(ev.num_computed_tokens / this.bs);
-      if (full > held) throw new Rejected(`vLLM rejects this: ${full} blocks, request holds ${held}`, 'num_computed_tokens');
-      this.cacheBlocks(r, ev.num_computed_tokens);
+      for (const g of this.groups) {
+        const held = (g.tables.get(r.id) || []).length;
+        if (full > held) throw new Rejected(`vLLM rejects this: ${full} blocks, request holds ${held}`, 'num_computed_tokens');
+      }
+      for (const g of this.groups) this.cacheBlocks(g, r, ev.num_computed_tokens);
     }
     if (r.status === REMOTE) r.status = WAITING;
     return {};
@@ -448,7 +570,7 @@ class Manager {
     return out;
   }
   inspect(msg) {
-    if (msg.what === 'block_table') return [(this.tables.get(msg.req) || []).map((b) => b.id)];
+    if (msg.what === 'block_table') return this.groups.map((g) => (g.tables.get(msg.req) || []).map((b) => b.id));
     const b = this.blocks[msg.block_id];
     if (!b) return null;
     return { block_id: b.id, ref_cnt: b.ref, hash: b.key ? b.key.slice(0, 12) : null, free: b.ref === 0 && b.id !== 0 };

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from harness.backends.free_queue_digest import free_queue_digest
+from harness.backends.kv_event_reconcile import EventReconciler
 from harness.core.cache_config import CacheConfig
 from harness.core.events import (
     AddRequest,
@@ -32,6 +33,7 @@ from harness.core.events import (
     Step,
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
+    TruncateComputedBlocks,
 )
 from harness.core.exit_codes import ExitCode
 from harness.core.kinds import kind_row
@@ -130,6 +132,7 @@ class Backend(ABC):
         self._handlers = {
             AddRequest: self._on_add_request,
             Lookup: self._on_lookup,
+            TruncateComputedBlocks: self._on_truncate_computed_blocks,
             Allocate: self._on_allocate,
             AppendTokens: self._on_append_tokens,
             CacheBlocks: self._on_cache_blocks,
@@ -158,13 +161,26 @@ class Backend(ABC):
         return {"block_hashes": [h.hex() for h in self.add_request(ev)]}
 
     def _on_lookup(self, ev: Lookup) -> dict:
-        block_ids, hit_tokens = self.lookup(ev.req, ev.max_cache_hit_length)
+        block_ids, hit_tokens, diverged = self._look_up(ev.req, ev.max_cache_hit_length,
+                                                        ev.for_connector)
         answer = {"hit_tokens": hit_tokens, "block_ids": block_ids}
         if self._report_boundary:
             boundary = self.requests[ev.req].shared_prefix_boundary
             if boundary:
                 answer["shared_prefix_boundary"] = boundary
+        if ev.for_connector:
+            answer["hit_diverged"] = diverged
         return answer
+
+    def _on_truncate_computed_blocks(self, ev: TruncateComputedBlocks) -> dict:
+        if ev.req not in self._pending_hit:
+            self._request(ev.req)  # an unknown request says so first
+            raise BackendError(f"request '{ev.req}' has no pending lookup hit to truncate",
+                               "req")
+        blocks, _ = self._pending_hit[ev.req]
+        cut, block_ids = self._truncate_computed_blocks(blocks, ev.num_computed_tokens)
+        self._pending_hit[ev.req] = (cut, ev.num_computed_tokens)
+        return {"block_ids": block_ids}
 
     def _on_allocate(self, ev: Allocate) -> dict:
         block_ids = self.allocate(ev)
@@ -316,6 +332,15 @@ class Backend(ABC):
 
     def lookup(self, req: str, max_cache_hit_length: int | None = None
                ) -> tuple[BlockIds, int]:
+        return self._look_up(req, max_cache_hit_length)[:2]
+
+    def lookup_for_connector(self, req: str) -> tuple[BlockIds, int, bool]:
+        """A KV connector's lookup: also whether full attention's hit ran
+        deeper than another group's."""
+        return self._look_up(req, None, True)
+
+    def _look_up(self, req: str, max_cache_hit_length: int | None,
+                 for_connector: bool = False) -> tuple[BlockIds, int, bool]:
         request = self._request(req)
         if request.num_computed_tokens:
             # vLLM's scheduler looks up only requests with nothing computed
@@ -324,13 +349,21 @@ class Backend(ABC):
             raise BackendError(f"vLLM rejects this: request '{req}' is running "
                                f"({request.num_computed_tokens} computed tokens); only waiting "
                                "requests are looked up")
-        blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
-            request, max_cache_hit_length)
+        diverged = False
+        if for_connector:
+            if max_cache_hit_length is not None:
+                raise BackendError("a connector's lookup takes no max_cache_hit_length",
+                                   "max_cache_hit_length")
+            blocks, hit_tokens, block_ids, boundary, diverged = (
+                self._get_computed_blocks_for_connector(request))
+        else:
+            blocks, hit_tokens, block_ids, boundary = self._get_computed_blocks(
+                request, max_cache_hit_length)
         self._pending_hit[req] = (blocks, hit_tokens)
         # The scheduler keeps the lookup's shared-prefix boundary on the
         # request (sparse retention keeps a checkpoint there).
         request.shared_prefix_boundary = boundary
-        return block_ids, hit_tokens
+        return block_ids, hit_tokens, diverged
 
     def allocate(self, ev: Allocate) -> BlockIds | None:
         request = self._request(ev.req)
@@ -376,6 +409,17 @@ class Backend(ABC):
         """(blocks to pass to allocate, hit tokens, hit block ids per group,
         shared-prefix boundary (0 where the release has none)); the hit at
         most `max_cache_hit_length` tokens when given."""
+
+    def _get_computed_blocks_for_connector(self, request
+                                           ) -> tuple[Any, int, BlockIds, int, bool]:
+        """_get_computed_blocks' four values as a KV connector's lookup gives
+        them, and whether full attention's hit ran deeper than another group's."""
+        raise BackendError(f"{self.name} has no KV connector lookup", "for_connector")
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int
+                                  ) -> tuple[Any, BlockIds]:
+        """A lookup's blocks cut at `num_computed_tokens`, and their ids."""
+        raise BackendError(f"{self.name} cannot truncate a lookup's hit", "op")
 
     @abstractmethod
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens: int) -> BlockIds | None:
@@ -475,6 +519,33 @@ class Backend(ABC):
                     codes[b.block_id] = k if codes[b.block_id] < 0 else POOL_SHARED
         codes[self.manager.block_pool.null_block.block_id] = POOL_NULL
         return codes
+
+    def event_reconciler(self, violation, entries_attr: str = "_cache",
+                         strict: bool = False) -> EventReconciler | None:
+        """The KV events reconciled with this backend's pool after every
+        event (specs/ORACLES.md §2), where the config publishes events and
+        caches; None elsewhere, and for HiSparse's two pools. `strict`: the
+        known upstream bugs the profile records fail too (their reproducers)."""
+        config = self.config
+        if not (config.enable_kv_cache_events and config.enable_caching) or config.hisparse:
+            return None
+        profile = self.profile
+        return EventReconciler(
+            self.manager.block_pool, self.manager.coordinator.single_type_managers,
+            [kind_row(g.kind).prefix_scan for g in config.groups],
+            config.events_use_int_hashes,
+            profile is None or profile.kv_event_fields.carries_group, violation,
+            removed_per_copy=not strict and (profile is None
+                                             or profile.kv_events_removed_per_copy),
+            announces_skipped=not strict and (
+                profile is None or profile.full_report_announces_skipped_blocks),
+            entries_attr=entries_attr)
+
+    def reannounces(self, req: str | None) -> bool:
+        """Whether a call on `req` may announce its hits again as KV events
+        (kv_cache_report_mode full)."""
+        request = self.requests.get(req) if req is not None else None
+        return getattr(request, "kv_cache_report_mode", "incremental") == "full"
 
     def pending_kv_events(self) -> list | None:
         """The KV events the manager has queued and not handed out yet (its

@@ -188,6 +188,72 @@ def start_channel(command: str, hello_key: int | str, version: int, label: str,
     return channel, hello
 
 
+def coverage_gap(capabilities: dict, config: CacheConfig,
+                 profile: VersionProfile) -> str | None:
+    """What of a cache config the hello's capabilities leave out (the
+    profile, a group's kind, the hash algorithm), or None: known before the
+    process is asked anything, so a fuzz campaign skips such cases unstarted."""
+    if profile.name not in (capabilities.get("profiles") or ()):
+        return f"profile {profile.name}"
+    kinds = set(capabilities.get("kinds") or ())
+    for g in config.groups:
+        if g.kind not in kinds:
+            return f"kind {g.kind}"
+    if config.hash_algo not in (capabilities.get("hash_algos") or ()):
+        return f"hash algorithm {config.hash_algo}"
+    return None
+
+
+class ForeignProcesses:
+    """Where the runs of a fuzz campaign get their foreign process: one kept
+    for every run when its hello declares `"restart": true` (each run sends
+    a new `start`, which discards all state), else a fresh one per run.
+    `started` counts the processes started."""
+
+    def __init__(self, command: str, timeout: float | None = None) -> None:
+        self.command = command
+        self.timeout = timeout or timeout_seconds()
+        self.started = 0
+        self._kept: tuple[LineChannel, dict] | None = None
+        self.capabilities = self._hello(self._start())
+
+    @staticmethod
+    def _hello(pair: tuple[LineChannel, dict]) -> dict:
+        return pair[1].get("capabilities") or {}
+
+    @property
+    def restartable(self) -> bool:
+        return bool(self.capabilities.get("restart"))
+
+    def _start(self) -> tuple[LineChannel, dict]:
+        pair = start_channel(self.command, HELLO_KEY, PROTOCOL, PREFIX + self.command,
+                             self.timeout)
+        self.started += 1
+        self._kept = pair
+        return pair
+
+    def take(self) -> tuple[LineChannel, dict]:
+        """A process that has said its hello and answers no run."""
+        pair, self._kept = self._kept, None
+        if pair is not None and pair[0].proc.poll() is None:
+            return pair
+        pair = self._start()
+        self._kept = None
+        return pair
+
+    def give_back(self, channel: LineChannel) -> None:
+        """A run is over: its process kept for the next one, or closed."""
+        if self.restartable and channel.proc.poll() is None and self._kept is None:
+            self._kept = (channel, {"capabilities": self.capabilities})
+        else:
+            channel.close()
+
+    def close(self) -> None:
+        if self._kept is not None:
+            self._kept[0].close()
+            self._kept = None
+
+
 class ExecBackend:
     """The driver protocol of harness/backends/base.py, answered by a
     foreign process. `encode` writes an event as the trace format does; the
@@ -195,7 +261,8 @@ class ExecBackend:
 
     def __init__(self, command: str, config: CacheConfig, profile: VersionProfile,
                  cache_json: dict, vllm_version: str, encode: Callable[[Event], dict],
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 processes: ForeignProcesses | None = None) -> None:
         self.name = PREFIX + command
         self.config = config
         self.profile = profile
@@ -203,8 +270,12 @@ class ExecBackend:
         self._encode = encode
         self._seq = 0
         self.none_hash = None
-        self.channel, hello = start_channel(command, HELLO_KEY, PROTOCOL, self.name,
-                                            timeout or timeout_seconds())
+        self._processes = processes
+        if processes is not None:
+            self.channel, hello = processes.take()
+        else:
+            self.channel, hello = start_channel(command, HELLO_KEY, PROTOCOL, self.name,
+                                                timeout or timeout_seconds())
         try:
             self.capabilities = hello.get("capabilities") or {}
             self._check_covered(config, profile)
@@ -216,7 +287,10 @@ class ExecBackend:
                 raise BackendError(str(r.get("message", "rejected")),
                                    str(r.get("field", "cache")))
         except BaseException:
-            self.channel.kill()
+            if processes is not None:
+                processes.give_back(self.channel)  # kept only if it is still well
+            else:
+                self.channel.kill()
             raise
         self._ops = set(self.capabilities.get("ops") or ())
         self._fields = set(self.capabilities.get("checkpoint_fields") or ())
@@ -227,15 +301,9 @@ class ExecBackend:
         return NotCovered(f"not covered by {self.name}: {what}")
 
     def _check_covered(self, config: CacheConfig, profile: VersionProfile) -> None:
-        caps = self.capabilities
-        if profile.name not in (caps.get("profiles") or ()):
-            raise self._not_covered(f"profile {profile.name}")
-        kinds = set(caps.get("kinds") or ())
-        for g in config.groups:
-            if g.kind not in kinds:
-                raise self._not_covered(f"kind {g.kind}")
-        if config.hash_algo not in (caps.get("hash_algos") or ()):
-            raise self._not_covered(f"hash algorithm {config.hash_algo}")
+        gap = coverage_gap(self.capabilities, config, profile)
+        if gap is not None:
+            raise self._not_covered(gap)
 
     # -- the protocol ---------------------------------------------------------
 
@@ -304,9 +372,13 @@ class ExecBackend:
         return None  # a foreign queue cannot be read without draining it
 
     def close(self) -> None:
-        self.channel.close()
+        if self._processes is not None:
+            self._processes.give_back(self.channel)
+        else:
+            self.channel.close()
 
     def __del__(self) -> None:
         channel = getattr(self, "channel", None)
-        if channel is not None and channel.proc.poll() is None:
+        if (channel is not None and getattr(self, "_processes", None) is None
+                and channel.proc.poll() is None):
             channel.kill()

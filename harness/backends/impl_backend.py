@@ -76,6 +76,9 @@ class ImplBackend(Backend):
         self._one_group = len(self._no_blocks.blocks) == 1
         # Run the invariant checker after every event (slow; for the fuzzer).
         self.checker = InvariantChecker() if check else None
+        # Its KV events reconciled with its pool too (specs/ORACLES.md §2).
+        self.reconciler = self.event_reconciler(_violation) if check else None
+        self._num_run = 0
         if check:
             self.run = self._run_checked
 
@@ -91,8 +94,12 @@ class ImplBackend(Backend):
                 pass
 
     def _run_checked(self, event):
+        req = getattr(event, "req", None)
         answer = Backend.run(self, event)
         self.checker.check(self.manager)
+        if self.reconciler is not None:
+            self.reconciler.after(self._num_run, self.reannounces(req))
+        self._num_run += 1
         return answer
 
     def _new_request(self, ev: AddRequest) -> Request:
@@ -119,6 +126,16 @@ class ImplBackend(Backend):
         blocks, hit_tokens, boundary = self.manager.get_computed_blocks(request,
                                                                         max_cache_hit_length)
         return blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary
+
+    def _get_computed_blocks_for_connector(self, request: Request):
+        blocks, hit_tokens, boundary, diverged = self.manager.get_computed_blocks_for_connector(
+            request)
+        return (blocks, hit_tokens, [[b.block_id for b in g] for g in blocks.blocks], boundary,
+                diverged)
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int):
+        cut = self.manager.truncate_computed_blocks(blocks, num_computed_tokens)
+        return cut, [[b.block_id for b in g] for g in cut.blocks]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         new = self.manager.allocate_slots(
@@ -203,3 +220,7 @@ class ImplBackend(Backend):
             kv_event_json(type(e).__name__, {f: getattr(e, f) for f in e.__slots__})
             for e in self.manager.take_events()
         ]
+
+
+def _violation(message: str, block: int | None) -> InvariantViolation:
+    return InvariantViolation(f"KV events: {message}")

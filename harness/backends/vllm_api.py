@@ -58,6 +58,9 @@ class VllmApi:
     takes_hash_lookahead_tokens: bool
     # get_computed_blocks takes max_cache_hit_length.
     lookup_takes_max_cache_hit_length: bool
+    # KVCacheManager.get_computed_blocks_for_connector and
+    # truncate_computed_blocks (the scheduler's connector lookups).
+    has_connector_lookup: bool
     # Where the prefix-cache retention interval is read: "kv_cache_config"
     # (KVCacheConfig.prefix_cache_retention_interval), "env"
     # (VLLM_PREFIX_CACHE_RETENTION_INTERVAL), None (no such knob).
@@ -119,6 +122,7 @@ _SHAPES: list[VllmApi] = [VllmApi(
     block_sizes_rule=BlockSizesRule.CACHE_BLOCK_SIZE,
     takes_hash_lookahead_tokens=False,
     lookup_takes_max_cache_hit_length=False,
+    has_connector_lookup=False,
     retention_interval_from=None,
     mamba_spec_takes_checkpoints=False,
     has_boundary_state_offloads=False,
@@ -144,7 +148,7 @@ _then("0.26.0", in_flight_tokens_arg="max_in_flight_tokens",
       get_computed_blocks_arity=3, has_block_copies=True,
       sink_manager_rejects_zeroing_arg=True, request_reads_report_mode=True,
       pending_copies_attr="_pending_cow_copies")
-_then("0.27.0", has_record_prefix_cache_stats=True)
+_then("0.27.0", has_record_prefix_cache_stats=True, has_connector_lookup=True)
 _then("0.28.0", request_takes_session_id=True,
       manager_takes_num_prefill_lookahead=True)
 _then("0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,

@@ -222,12 +222,16 @@ def _quiet_vllm_logging() -> None:
 class VllmBackend(Backend):
     """The installed vLLM must have a profile (the trace's, when one is given).
     With `any_release`, any followed release is driven as it is (bisect): its
-    profile, if it has one, is kept for reference; only its API shape is read."""
+    profile, if it has one, is kept for reference; only its API shape is read.
+    `check`: the invariants on its pool and its KV events reconciled after
+    every event; `strict`: the known upstream bugs the profile records (the
+    reconciliation tolerates them) fail too, as their reproducers need."""
 
     name = "vllm"
 
     def __init__(self, config: CacheConfig, profile: VersionProfile | None = None,
-                 any_release: bool = False, check: bool = False) -> None:
+                 any_release: bool = False, check: bool = False,
+                 strict: bool = False) -> None:
         installed = _installed_profile(profile, any_release)
         self.api = installed_vllm_api()
         super().__init__(config, installed)
@@ -248,17 +252,26 @@ class VllmBackend(Backend):
         # The invariants on vLLM's own pool after every event (UPSTREAM when
         # broken; harness/backends/vllm_invariants.py). HiSparse's two pools
         # are outside the checker's rules.
-        self.checker = None
+        # The KV events reconciled with the pool (specs/ORACLES.md §2) beside it.
+        self.checker = self.reconciler = None
+        self._num_run = 0
         if check and not config.hisparse:
-            from harness.backends.vllm_invariants import VllmPoolChecker
+            from harness.backends.vllm_invariants import UpstreamViolation, VllmPoolChecker
 
             self.checker = VllmPoolChecker(self.manager, self.api, self.requests)
+            self.reconciler = self.event_reconciler(
+                lambda message, block: UpstreamViolation(f"KV events: {message}", block),
+                self.api.hash_map_entries_attr, strict)
             self.run = self._run_checked
 
     def _run_checked(self, event):
-        # The class's run (a subclass's or a patched one), then the checker.
+        # The class's run (a subclass's or a patched one), then the checkers.
+        req = getattr(event, "req", None)
         answer = type(self).run(self, event)
-        self.checker.after(getattr(event, "req", None))
+        self.checker.after(req)
+        if self.reconciler is not None:
+            self.reconciler.after(self._num_run, self.reannounces(req))
+        self._num_run += 1
         return answer
 
     def _bind_request_types(self) -> None:
@@ -474,6 +487,23 @@ class VllmBackend(Backend):
             shared_prefix_boundary = 0
         ids = [list(g) for g in blocks.get_block_ids()]
         return blocks, hit_tokens, ids, shared_prefix_boundary
+
+    def _connector_lookup_api(self, field: str) -> None:
+        if not self.api.has_connector_lookup:
+            raise BackendError(f"vLLM {self._release} has no KV connector lookup "
+                               "(get_computed_blocks_for_connector, truncate_computed_blocks)",
+                               field)
+
+    def _get_computed_blocks_for_connector(self, request):
+        self._connector_lookup_api("for_connector")
+        blocks, hit_tokens, boundary, diverged = (
+            self.manager.get_computed_blocks_for_connector(request))
+        return blocks, hit_tokens, [list(g) for g in blocks.get_block_ids()], boundary, diverged
+
+    def _truncate_computed_blocks(self, blocks, num_computed_tokens: int):
+        self._connector_lookup_api("op")
+        cut = self.manager.truncate_computed_blocks(blocks, num_computed_tokens)
+        return cut, [list(g) for g in cut.get_block_ids()]
 
     def _allocate_slots(self, request, ev: Allocate, blocks, hit_tokens) -> BlockIds | None:
         wanted = dict(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.core.cache_config import CacheConfig
+from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.worker import kernel_blocks
 from impl.worker.block_table import SlotMappingMode
 from impl.worker.multi_group import MultiGroupBlockTable
@@ -32,6 +33,17 @@ STATE_KINDS = frozenset({"mamba"})
 ROW_SLACK_BLOCKS = 64
 
 
+def slot_world_size(cache: CacheConfig, profile: VersionProfile) -> int:
+    """The context-parallel ranks a worker deals a block's tokens out to: the
+    ranks the manager's block spans. To 0.25 (blocks of B x dcp x pcp) the
+    table interleaves over dcp x pcp ranks; 0.32's and 0.33's pass the DCP
+    world only (prefill ranks split a prefill's queries and gather its KV),
+    so a PCP-only world maps every token as without parallelism."""
+    if profile.context_parallel_block_size is ContextParallelBlockSize.DCP_TIMES_PCP:
+        return cache.dcp_world_size * cache.pcp_world_size
+    return cache.dcp_world_size
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerLayout:
     block_sizes: tuple[int, ...]
@@ -46,13 +58,14 @@ class WorkerLayout:
     cp_interleaves: tuple[int, ...] = (1,)
 
     @classmethod
-    def of(cls, cache: CacheConfig, max_num_reqs: int,
+    def of(cls, cache: CacheConfig, max_num_reqs: int, profile: VersionProfile,
            max_num_batched_tokens: int = 8192) -> WorkerLayout:
         """The layout the differential runs a cache config with: every
         attention group split into kernel blocks of half its block size (the
-        split is checked on every case), context parallelism over
-        dcp x pcp ranks, each with an interleave of 1 token and of a block."""
-        world = cache.dcp_world_size * cache.pcp_world_size
+        split is checked on every case), context parallelism over the ranks
+        the release shards KV slots across, each with an interleave of 1
+        token and of a block."""
+        world = slot_world_size(cache, profile)
         sizes = tuple(g.block_size for g in cache.groups)
         blocks = tuple(-(-cache.max_model_len // (b * world)) + ROW_SLACK_BLOCKS for b in sizes)
         modes = tuple(SlotMappingMode.NONE if g.kind in STATE_KINDS

@@ -235,6 +235,37 @@ class Recorder:
         self.sink.write({"op": "lookup", "req": request.request_id, "answer": answer})
         t.pending_hit, t.pending_ids = hit_tokens, ids
 
+    def on_connector_lookup(self, result, request) -> None:
+        """get_computed_blocks_for_connector: a lookup with for_connector (its
+        inner plain lookup, where it falls back to one, is not recorded)."""
+        blocks, hit_tokens, boundary, diverged = result
+        t = self._track(request)
+        ids = [list(g) for g in blocks.get_block_ids()]
+        answer = {"hit_tokens": hit_tokens, "block_ids": ids}
+        if self.report_shared_prefix_boundary and boundary:
+            answer["shared_prefix_boundary"] = boundary
+        answer["hit_diverged"] = bool(diverged)
+        self.sink.write({"op": "lookup", "req": request.request_id, "for_connector": True,
+                         "answer": answer})
+        t.pending_hit, t.pending_ids = hit_tokens, ids
+
+    def on_truncate(self, result, blocks, num_computed_tokens) -> None:
+        """truncate_computed_blocks names no request: it cuts the pending hit
+        of the request whose lookup answered these blocks."""
+        ids = [list(g) for g in blocks.get_block_ids()]
+        owners = [rid for rid, t in self.requests.items()
+                  if t.pending_hit is not None and t.pending_ids == ids]
+        if len(owners) != 1:
+            self.fail(f"truncate_computed_blocks on blocks {ids}: "
+                      f"{'no' if not owners else 'more than one'} request's pending lookup "
+                      "answered them")
+        t = self.requests[owners[0]]
+        cut = [list(g) for g in result.get_block_ids()]
+        self.sink.write({"op": "truncate_computed_blocks", "req": owners[0],
+                         "num_computed_tokens": num_computed_tokens,
+                         "answer": {"block_ids": cut}})
+        t.pending_hit, t.pending_ids = num_computed_tokens, cut
+
     def before_allocate(self, args: dict) -> _Tracked:
         request = args["request"]
         t = self._track(request)
@@ -409,8 +440,7 @@ def _stats_json(stats) -> dict | None:
 # -- instrumentation ---------------------------------------------------------------------
 
 _CLASSES: dict[type, type] = {}
-_CONNECTOR_ONLY = ("get_computed_blocks_for_connector", "truncate_computed_blocks",
-                   "pop_blocks_for_free")
+_CONNECTOR_ONLY = ("pop_blocks_for_free",)
 
 
 def instrument(manager, recorder: Recorder) -> None:
@@ -473,6 +503,7 @@ _AFTER = {
     "take_boundary_state_offloads": "on_boundary_offloads",  # 0.29+
     "finalize_partial_tail_offloads": "on_finalize_tails",  # 0.30+
     "make_prefix_cache_stats": "on_stats",
+    "truncate_computed_blocks": "on_truncate",  # 0.27+
 }
 
 
@@ -493,6 +524,25 @@ def _after(original, hook: str):
         r = self._kvconform_recorder
         if r.active:
             r.call(getattr(r, hook), result, *args, **kwargs)
+        return result
+
+    method.__name__ = original.__name__
+    return method
+
+
+def _connector_lookup(original):
+    """get_computed_blocks_for_connector, recorded as one lookup: the plain
+    lookup it may make inside is vLLM's, not the scheduler's."""
+    def method(self, *args, **kwargs):
+        r = self._kvconform_recorder
+        if not r.active:
+            return original(self, *args, **kwargs)
+        r.active = False
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            r.active = True
+        r.call(r.on_connector_lookup, result, *args, **kwargs)
         return result
 
     method.__name__ = original.__name__
@@ -552,6 +602,9 @@ def _recording_class(base: type) -> type:
         for name, hook in table.items():
             if hasattr(base, name):
                 ns[name] = wrap(getattr(base, name), hook)
+    if hasattr(base, "get_computed_blocks_for_connector"):  # 0.27+
+        ns["get_computed_blocks_for_connector"] = _connector_lookup(
+            base.get_computed_blocks_for_connector)
     for name in _CONNECTOR_ONLY:
         if hasattr(base, name):
             ns[name] = _refusing(getattr(base, name))

@@ -1,5 +1,6 @@
-"""The `fuzz` verb: a differential campaign, impl vs the installed vLLM, on
-this machine or (--ray) over a Ray cluster's workers (harness/fuzz/)."""
+"""The `fuzz` verb: a differential campaign, impl (or a foreign backend,
+exec:CMD) vs the installed vLLM, on this machine or (--ray, impl only) over a
+Ray cluster's workers (harness/fuzz/)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import time
 
 from harness.backends.vllm_check import check_vllm
-from harness.cli.support import ray_arguments
+from harness.cli.support import backend_name, ray_arguments
 from harness.core.exit_codes import CommandError, ExitCode, fail
 
 
@@ -31,6 +32,10 @@ def register(sub) -> None:
                    help="YAML: what cases are drawn from (block sizes, pool sizes, hash "
                    "algorithms, ...; see specs/FUZZING.md); with --ray, repeat it to spread "
                    "several (default there: every harness/fuzz/kind_configs/ file)")
+    p.add_argument("--backend", type=backend_name, default="impl", metavar="BACKEND",
+                   help="what runs beside vLLM: impl (default) or exec:CMD, a backend in "
+                   "another process and any language (specs/FOREIGN_BACKEND.md): cases "
+                   "outside its capabilities are counted as not covered")
     ray_arguments(p, "spread the campaign over a Ray cluster's workers; findings are "
                   "de-duplicated by shrunk signature")
     p.add_argument("--inject-fault", metavar="NAME", help=argparse.SUPPRESS)
@@ -73,6 +78,11 @@ def _refuse_bad_arguments(args: argparse.Namespace) -> None:
         raise CommandError(f"unknown fault '{args.inject_fault}' (known: {', '.join(known)})")
     if len(args.config or ()) > 1 and args.ray is None:
         raise CommandError("several --config need --ray (one campaign draws from one config)")
+    if args.backend == "vllm":
+        raise CommandError("fuzz runs vLLM beside another backend: --backend impl or exec:CMD")
+    if args.backend != "impl" and (args.ray is not None or args.inject_fault is not None):
+        raise CommandError("--ray and --inject-fault run impl; a foreign backend runs "
+                           "without them")
 
 
 def _read_configs(paths) -> dict:
@@ -155,40 +165,61 @@ def _fuzz_here(args: argparse.Namespace, profile, configs: dict) -> int:
     from harness.fuzz.offload_driver import OffloadFuzzConfig
     from harness.fuzz.sizing import SizingFuzzConfig
 
-    if isinstance(next(iter(configs.values()), None), SizingFuzzConfig):
+    first = next(iter(configs.values()), None)
+    if args.backend != "impl" and isinstance(first, SizingFuzzConfig | OffloadFuzzConfig):
+        raise CommandError("a sizing (model shapes) or offload config runs impl; a foreign "
+                           "backend answers the KV cache manager's events only")
+    if isinstance(first, SizingFuzzConfig):
         return _fuzz_sizing(args, next(iter(configs.values())))
-    if isinstance(next(iter(configs.values()), None), OffloadFuzzConfig):
+    if isinstance(first, OffloadFuzzConfig):
         return _fuzz_offload(args, profile, next(iter(configs.values())))
 
-    result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,
-                  next(iter(configs.values()), FuzzConfig()), args.inject_fault,
-                  progress_reporter(), args.max_cases)
+    from harness.backends.base import BackendStopped
+
+    try:
+        result = fuzz(profile, args.seconds, args.seed, args.out, args.max_ops,
+                      next(iter(configs.values()), FuzzConfig()), args.inject_fault,
+                      progress_reporter(), args.max_cases, backend=args.backend)
+    except BackendStopped as e:  # the foreign process died, hung or broke the protocol
+        return fail(str(e), e.exit_code)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"fuzz seed {args.seed}: {result.cases} cases, {result.ops} differential ops "
           f"in {result.seconds:.1f}s ({result.ops_per_s:,.0f} ops/s), "
           f"{len(result.states)} distinct states; start-up (vLLM's import, the first "
           f"backends) {result.startup_seconds:.1f}s, not counted")
+    if args.backend != "impl":
+        print(f"{args.backend}: {result.checked} cases covered"
+              + (f", {result.not_covered_text()}" if result.not_covered else "")
+              + f"; {result.processes_started} processes started")
     f = result.finding
+    if f is None and result.covered_none:
+        return fail(f"not covered by {args.backend}: none of {result.cases} cases "
+                    "(the config draws nothing its capabilities cover)", ExitCode.ENVIRONMENT)
     if f is None and result.too_few_cases:
         return fail(too_few_cases_warning(result), ExitCode.ENVIRONMENT)
     if f is None:
         print("no divergence")
         return ExitCode.OK
-    print(_finding_text(f.failure, f.case, f.num_calls, f.path, f.num_calls_before))
+    print(_finding_text(f.failure, f.case, f.num_calls, f.path, f.num_calls_before,
+                        f.replay_command if f.backend != "impl" else None))
     return f.failure.exit_code
 
 
-def _finding_text(d, case: int, num_calls: int, path: str, before: int | None = None) -> str:
+def _finding_text(d, case: int, num_calls: int, path: str, before: int | None = None,
+                  replay=None) -> str:
+    """`replay(flags)`: the command that shows it again (a foreign backend's
+    finding names its backend)."""
     from harness.core.compare import FailureKind
     from harness.report.text import format_failure
 
     what = "DIVERGENCE" if d.exit_code == ExitCode.DIVERGED else "A CALL vLLM REJECTS"
     shrunk = f"shrunk from {before} to {num_calls}" if before else f"shrunk to {num_calls}"
     flag = "--check-invariants " if d.kind is FailureKind.INVARIANT else ""
+    again = (f"replay it: {replay(flag)}" if replay is not None else
+             f"replay it: kvconform replay {flag}{path}   (or: kvconform diff {flag}{path})")
     return (f"{what} in case {case}, {shrunk} calls, written to {path}\n"
-            f"{format_failure(d)}\n"
-            f"replay it: kvconform replay {flag}{path}   (or: kvconform diff {flag}{path})")
+            f"{format_failure(d)}\n{again}")
 
 
 def _fuzz_on_ray(args: argparse.Namespace, profile, configs: dict) -> int:

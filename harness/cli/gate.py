@@ -37,7 +37,8 @@ def register(sub) -> None:
     p.add_argument("--backend", type=backend_name, default="impl", metavar="BACKEND",
                    help="what runs beside vLLM: impl (default) or exec:CMD, a backend in "
                    "another process and any language (specs/FOREIGN_BACKEND.md): every "
-                   "trace and workload its capabilities cover, no fuzz or attention cases")
+                   "trace, workload and fuzz slice its capabilities cover, no attention, sizing or "
+                   "worker cases")
     p.add_argument("--page", metavar="DIR", help="write a result page a project can publish "
                    "(index.md, index.html: what was checked, against which release, what "
                    "failed) here")

@@ -77,11 +77,28 @@ class Lookup(Event):
     plus "shared_prefix_boundary" (when not 0) in traces whose cache config
     reads it (CacheConfig.reports_shared_prefix_boundary). The request keeps
     the boundary, as the scheduler stores it. `max_cache_hit_length` bounds
-    the hit (0.33; None: the request's tokens - 1)."""
+    the hit (0.33; None: the request's tokens - 1). `for_connector`: the
+    lookup a scheduler with a KV connector makes instead
+    (get_computed_blocks_for_connector, 0.27+), whose answer adds
+    "hit_diverged" (full attention's hit ran deeper than another group's)."""
 
     kind: ClassVar[str] = "lookup"
     req: str
     max_cache_hit_length: int | None = None
+    for_connector: bool = False
+
+
+@dataclass(slots=True)
+class TruncateComputedBlocks(Event):
+    """truncate_computed_blocks on the request's pending lookup hit (the
+    scheduler cuts a local hit back to a block boundary when a connector's
+    external hit covers more, 0.27+): the hit the next allocate adopts
+    becomes its first `num_computed_tokens` tokens. Answer: {"block_ids":
+    [[...], ...]}, the cut hit."""
+
+    kind: ClassVar[str] = "truncate_computed_blocks"
+    req: str
+    num_computed_tokens: int
 
 
 @dataclass(slots=True)
@@ -263,7 +280,8 @@ class Checkpoint(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
-        AddRequest, Lookup, Allocate, AppendTokens, CacheBlocks, RecordStats,
+        AddRequest, Lookup, TruncateComputedBlocks, Allocate, AppendTokens, CacheBlocks,
+        RecordStats,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
         TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
         HiSparseStep, HiSparseAck,

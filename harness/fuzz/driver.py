@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -60,6 +61,7 @@ from harness.core.events import (
     Step,
     TakeBlockCopies,
     TakeBoundaryStateOffloads,
+    TruncateComputedBlocks,
 )
 from harness.core.events import Preempt as PreemptEvent
 from harness.fuzz.actions import (
@@ -107,6 +109,9 @@ class FuzzRun:
     signatures: set = field(default_factory=set)
     # Why the case did not run: both backends refuse its config.
     refused: str | None = None
+    # Why a foreign backend did not run it (to the end): outside its
+    # capabilities (specs/FOREIGN_BACKEND.md), "not covered by exec:CMD: why".
+    not_covered: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -131,6 +136,13 @@ class Driver:
         self.run = FuzzRun()
         self.record_at_admission = profile.stats_recorded_at is StatsRecordedAt.ADMISSION
         self.lookup_takes_bound = profile.max_cache_hit_length
+        # A request a connector loads tokens for is looked up as the
+        # scheduler does with a connector (0.27+); a hit may be cut back to
+        # this alignment (every cacheable group's block size), None: never.
+        self.connector_lookup = profile.connector_lookup
+        sizes = [g.block_size for g in config.groups if g.kind != "circular_buffer"]
+        self.truncate_alignment = math.lcm(*sizes) if sizes and len(sizes) == len(
+            config.groups) else None
         # The admission arguments the profile's allocate_slots takes.
         self.admission_args = profile.admission_controls.args
         self.has_cross = any(g.kind == "cross_attention" for g in config.groups)
@@ -364,6 +376,23 @@ class Driver:
         request = self.reference.requests.get(req)
         return getattr(request, "shared_prefix_boundary", 0) or 0
 
+    def _connector_hit(self, req: str, r, a: Schedule, hit: int, answer: dict):
+        """What the scheduler does with a connector's lookup: a hit ahead of
+        a lagging group needs the connector to load (else the plain lookup
+        reconciles it); half the requests (by number, no draw: the case's
+        calls stay as drawn) have their hit cut back to half, aligned (to
+        nothing for a hit of one unit), the connector loading the rest."""
+        if answer.get("hit_diverged") and min(a.external, r.num_tokens - hit - 1) <= 0:
+            answer = self.call(Lookup(req))
+            return (0, None) if answer is None else (answer["hit_tokens"], answer)
+        align = self.truncate_alignment
+        if align and hit >= align and a.req % 2 == 0:
+            cut = hit // align // 2 * align
+            if self.call(TruncateComputedBlocks(req, cut)) is None:
+                return 0, None
+            hit = cut
+        return hit, answer
+
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)
         if r is None or r.status is _Status.LOADING or a.num_new_tokens < 1:
@@ -400,10 +429,15 @@ class Driver:
         bound = None
         if a.max_hit is not None and self.lookup_takes_bound:
             bound = int(a.max_hit * (r.num_tokens - 1))
-        answer = self.call(Lookup(req, bound))
+        with_connector = a.external > 0 and self.connector_lookup and bound is None
+        answer = self.call(Lookup(req, bound, for_connector=with_connector))
         if answer is None:
             return
         hit = answer["hit_tokens"]
+        if with_connector:
+            hit, answer = self._connector_hit(req, r, a, hit, answer)
+            if answer is None:
+                return
         remaining = r.num_tokens - hit
         external = min(a.external, remaining - 1)
         if a.delay_cache and external > 0:

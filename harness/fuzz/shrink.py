@@ -21,8 +21,12 @@ _SIMPLE_SCHEDULE = dict(lookahead=0, external=0, delay_cache=False,
                         full_sequence_must_fit=False, reserved_blocks=0, max_hit=None)
 
 
+# Candidates tried at most (each one case run on every backend).
+MAX_CHECKS = 3000
+
+
 def shrink(config: CacheConfig, actions: list[Action], fails: Predicate,
-           max_checks: int = 3000) -> tuple[CacheConfig, list[Action]]:
+           max_checks: int = MAX_CHECKS) -> tuple[CacheConfig, list[Action]]:
     checks = 0
     actions = list(actions)
 

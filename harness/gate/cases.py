@@ -224,20 +224,46 @@ def is_known_upstream(path: str) -> bool:
 def run_known_upstream(path: str, bug: dict) -> Case:
     """The reproducer on vLLM alone: "known upstream bug" where vLLM still
     does what the sidecar expects, "fixed in X" where it no longer does;
-    exit 0 either way."""
+    exit 0 either way. The sidecar expects an exception vLLM raises, or a
+    `finding`: the rule a reconciliation that tolerates the known bug
+    (a profile field) names when strict (specs/ORACLES.md §3)."""
     from harness.backends.vllm_backend import installed_vllm_version
     from harness.sources.replay import check_trace
 
-    o = check_trace(path, ["vllm"], explicit=False)
+    expected = bug["expected"]
+    if "finding" in expected:
+        events, seconds, said = _strict_finding(path, expected["call"])
+        reproduced, skipped = expected["finding"] in said, None
+    else:
+        o = check_trace(path, ["vllm"], explicit=False)
+        events, seconds, skipped = o.num_events, o.seconds, o.skipped
+        said = str(o.error) if o.error is not None else ""
+        reproduced = expected["exception"] in said
     release = installed_vllm_version().split("+")[0]
-    said = str(o.error) if o.error is not None else ""
-    reproduced = bug["expected"]["exception"] in said
     label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
     report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
-    if o.skipped:
-        label, report = "skipped", f"{path}: {o.skipped}"
-    return Case(case_name(path), "trace", "upstream", o.num_events, o.seconds, ExitCode.OK,
+    if skipped:
+        label, report = "skipped", f"{path}: {skipped}"
+    return Case(case_name(path), "trace", "upstream", events, seconds, ExitCode.OK,
                 report, label=label)
+
+
+def _strict_finding(path: str, call: int) -> tuple[int, float, str]:
+    """The trace on vLLM with every known bug failing: the events run, the
+    seconds, and the message of an UPSTREAM finding at `call` (1-based)
+    ("" when there is none there)."""
+    from harness.backends.lockstep import run_lockstep
+    from harness.backends.vllm_backend import VllmBackend
+    from harness.core.compare import FailureKind
+    from harness.trace.reader import open_trace
+
+    start = time.perf_counter()
+    trace = open_trace(path)
+    backend = VllmBackend(trace.header.cache, trace.profile, check=True, strict=True)
+    result = run_lockstep((r.event for r in trace.records), [backend])
+    f = result.failure
+    found = (f is not None and f.kind is FailureKind.UPSTREAM and f.index == call - 1)
+    return result.num_events, time.perf_counter() - start, f.message if found else ""
 
 
 def run_trace(path: str, backend: str = "impl") -> Case:
@@ -281,12 +307,11 @@ def _other_backend(case: WorkloadCase, profile: VersionProfile, backend: str):
 
     if backend == "impl":
         return ImplBackend(case.config, profile)
-    from harness.backends.exec_backend import PREFIX, ExecBackend
+    from harness.backends.exec_backend import PREFIX
     from harness.backends.vllm_backend import installed_vllm_version
-    from harness.trace.codec import cache_to_dict, event_to_dict
+    from harness.sources.replay import exec_backend
 
-    return ExecBackend(backend[len(PREFIX):], case.config, profile, cache_to_dict(case.config),
-                       installed_vllm_version(), event_to_dict)
+    return exec_backend(backend[len(PREFIX):], case.config, profile, installed_vllm_version())
 
 
 def run_workload(case: WorkloadCase, profile: VersionProfile,
@@ -418,11 +443,20 @@ def run_attention(path: str) -> Case:
 
 
 def run_fuzz(name: str, profile: VersionProfile, seconds: float, seed: int,
-             out_dir: str, fuzz_config: FuzzConfig | None = None, min_cases: int = 0) -> Case:
+             out_dir: str, fuzz_config: FuzzConfig | None = None, min_cases: int = 0,
+             backend: str = "impl") -> Case:
+    """A fuzz slice, vLLM against `backend` (impl, or exec:CMD: a foreign
+    process that fails is the case's one line)."""
+    from harness.backends.base import BackendStopped
     from harness.fuzz.campaign import fuzz
 
-    return fuzz_case(name, fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config,
-                                min_cases=min_cases))
+    t0 = time.perf_counter()
+    try:
+        r = fuzz(profile, seconds, seed, out_dir, fuzz_config=fuzz_config,
+                 min_cases=min_cases, backend=backend)
+    except BackendStopped as e:
+        return Case(name, "fuzz", "-", 0, time.perf_counter() - t0, e.exit_code, str(e))
+    return fuzz_case(name, r, backend)
 
 
 def run_sizing_fuzz(name: str, seconds: float, seed: int, out_dir: str, fuzz_config,
@@ -462,7 +496,7 @@ def run_offload_fuzz(name: str, profile: VersionProfile, seconds: float | None, 
     return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.DIVERGED, report)
 
 
-def fuzz_case(name: str, r) -> Case:
+def fuzz_case(name: str, r, backend: str = "impl") -> Case:
     """A campaign's result (CampaignResult) as a gate case."""
     from harness.fuzz.campaign import too_few_cases_warning
     from harness.report.text import format_failure
@@ -470,14 +504,21 @@ def fuzz_case(name: str, r) -> Case:
     mode = f"{r.cases} cases, {r.ops_per_s:,.0f} ops/s"
     if r.refused:
         mode += f", {r.refused} configs refused"
+    if r.not_covered:
+        mode += f", {r.not_covered} not covered"
     f = r.finding
+    if f is None and r.mostly_not_covered:
+        why = (f"{NOT_COVERED}{backend}: {r.checked} of {r.cases} cases covered, "
+               f"{r.not_covered_text()}")
+        return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK, message=why,
+                    label=f"{NOT_COVERED}{backend}")
     if f is None and r.too_few_cases:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.ENVIRONMENT,
                     f"warning: {too_few_cases_warning(r)}", label=TOO_FEW_CASES)
     if f is None:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
-              f"{f.path}\n{format_failure(f.failure)}\nreplay it: kvconform replay {f.path}")
+              f"{f.path}\n{format_failure(f.failure)}\nreplay it: {f.replay_command()}")
     return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report,
                 label=_label(f.failure))
 

@@ -83,7 +83,9 @@ def _is_sizing_corpus(path: Path) -> bool:
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix in TRACE_SUFFIXES and _is_trace(file_path):
         return TraceFile.from_parent(parent, path=file_path)
-    if file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path):
+    # A sizing corpus sizes impl against vLLM: nothing a foreign backend answers.
+    if (file_path.suffix in (".yaml", ".yml") and _is_sizing_corpus(file_path)
+            and parent.config.option.kvconform_backend == "impl"):
         return SizingFile.from_parent(parent, path=file_path)
     return None
 
@@ -358,13 +360,28 @@ class FuzzItem(_CaseItem):
 
     def _run(self):
         from harness.backends.vllm_backend import installed_vllm_profile
+        from harness.core.exit_codes import ExitCode
         from harness.fuzz.campaign import MIN_CASES
         from harness.fuzz.offload_driver import OffloadFuzzConfig
         from harness.fuzz.sizing import SizingFuzzConfig
         from harness.fuzz.slices import load_kind_config
-        from harness.gate.cases import run_fuzz, run_offload_fuzz, run_sizing_fuzz
+        from harness.gate.cases import (
+            NOT_COVERED,
+            Case,
+            run_fuzz,
+            run_offload_fuzz,
+            run_sizing_fuzz,
+        )
 
         fuzz_config = load_kind_config(self.kind)
+        backend = self.config.option.kvconform_backend
+        if backend != "impl" and isinstance(fuzz_config, (OffloadFuzzConfig, SizingFuzzConfig)):
+            # The offload tier and model shapes' sizing are impl's, not the backend's.
+            what = ("the CPU offload tier" if isinstance(fuzz_config, OffloadFuzzConfig)
+                    else "model shapes' sizing")
+            return Case(self.name, "fuzz", "-", 0, 0.0, ExitCode.OK,
+                        message=f"{NOT_COVERED}{backend}: {what}",
+                        label=f"{NOT_COVERED}{backend}")
         if isinstance(fuzz_config, OffloadFuzzConfig):
             return run_offload_fuzz(self.name, installed_vllm_profile(), self.seconds,
                                     self.seed, fuzz_config)
@@ -374,7 +391,7 @@ class FuzzItem(_CaseItem):
                                    min_cases=MIN_CASES)
         return run_fuzz(self.name, installed_vllm_profile(), self.seconds, self.seed,
                         self.config.option.kvconform_fuzz_out, load_kind_config(self.kind),
-                        min_cases=MIN_CASES)
+                        min_cases=MIN_CASES, backend=backend)
 
     def reportinfo(self):
         return "fuzz", None, self.name
@@ -394,9 +411,8 @@ def pytest_collection_modifyitems(session, config, items):
             if _worker_runs():
                 items.extend(WorkerWorkloadItem.from_parent(session, name=f"{c.name}[worker]")
                              for c in WORKLOADS)
-    # The fuzz campaign drives impl (a foreign backend runs traces and workloads).
-    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0 and (
-            getattr(opts, "kvconform_backend", "impl") == "impl"):
+    # The fuzz campaign drives impl or the foreign backend, beside vLLM.
+    if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
 

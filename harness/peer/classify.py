@@ -91,6 +91,8 @@ def verdict_on_impl(rec: dict) -> tuple[str, str, str | None]:
                 return verdict, reason, feature
             return FAILED, f"impl lacks {feat} ({detail})", feat
         if not rec.get("impl_calls"):
+            if finding is not None and finding.verdict == NOT_APPLICABLE:
+                return NOT_APPLICABLE, f"never reaches impl: {finding.reason}", None
             return NOT_APPLICABLE, "never reaches impl", None
         if rec.get("vllm_kv_calls"):
             first = (rec.get("vllm_kv_top") or [["?"]])[0][0]

@@ -38,6 +38,22 @@ FINDINGS: dict[str, Finding] = {
         _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
     "test_non_mtp_eagle_hybrid_still_warns": Finding(
         _NA, "asserts on the warning vLLM's logger prints when no draft group is found"),
+    # tests/v1/worker/ (issue 22): tests that pass on vLLM without a
+    # KV-cache answer impl could give, or one impl does not model.
+    "test_cp_checks_allow_a_replicated_draft_backend_without_dcp": Finding(
+        _NA, "checks the attention backends' capability flags of the model's layers "
+             "(check_attention_cp_compatibility over a monkeypatched layer lookup)"),
+    "test_mrv2_kv_pool_only_wraps_backing_allocation": Finding(
+        _NA, "which of the new model runner's init_kv_cache calls run inside the allocation "
+             "context (every callee monkeypatched on vLLM's modules)"),
+    "test_mrv1_kv_pool_only_wraps_backing_allocation": Finding(
+        _NA, "which of the model runner's KV tensor calls run inside the allocation context "
+             "(every callee monkeypatched on vLLM's modules)"),
+    "test_kv_wake_does_not_run_model_runner_recovery": Finding(
+        _NA, "the worker's wake-up from sleep mode (saved buffers, no KV cache answer)"),
+    "test_large_dsv4_launch_geometry": Finding(
+        _NA, "the launch geometry of vLLM's KV block zeroing kernel (KVBlockZeroer's segment "
+             "table and Triton grid): impl has no zeroing kernel to plan"),
 }
 
 

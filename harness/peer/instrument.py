@@ -34,6 +34,8 @@ VLLM_KV_MODULES = (
     "vllm.v1.kv_offload.cpu.manager",
     "vllm.v1.kv_offload.cpu.policies.lru",
     "vllm.v1.kv_offload.cpu.policies.arc",
+    "vllm.v1.worker.block_table",
+    "vllm.v1.worker.cp_utils",
 )
 _vllm_calls: dict[str, int] = {}
 _vllm_installed = [False]

@@ -29,7 +29,16 @@ def _entries():
     names, and its tests then cannot use them either."""
     import impl.block as iblock
     import impl.mamba_checkpoint as imc
-    from harness.peer.adapters import hashing, hisparse, manager, metrics, pool, single_type, sizing
+    from harness.peer.adapters import (
+        hashing,
+        hisparse,
+        manager,
+        metrics,
+        pool,
+        single_type,
+        sizing,
+        worker,
+    )
     from harness.peer.instrument import release_module
 
     wanted = [
@@ -72,6 +81,7 @@ def _entries():
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))
+    wanted.extend(worker.REBOUND)
     pairs = []
     for module_name, name, adapter in wanted:
         module = release_module(module_name)
@@ -107,14 +117,20 @@ _SPEC_READERS = {"vllm.v1.engine.core": ("is_full_attention_spec",)}
 
 
 def rebind_vllm_callers() -> None:
-    """Point the Scheduler's and model runner's checkpoint helpers at impl's."""
+    """Point the Scheduler's and model runner's checkpoint helpers at impl's,
+    and the model runner's input batch at impl's worker block tables."""
     import impl.mamba_checkpoint as imc
+    from harness.peer.adapters import worker
     from harness.peer.instrument import release_module
 
     for module_name, name in _CALLER_HELPERS:
         module = release_module(module_name)
         if module is not None:  # an older release may not have it
             setattr(module, name, getattr(imc, name))
+    for module_name, name, adapter in worker.CALLERS:
+        module = release_module(module_name)
+        if module is not None and hasattr(module, name):
+            setattr(module, name, adapter)
 
 
 def _rebind_spec_readers(module: types.ModuleType) -> None:
@@ -153,7 +169,9 @@ class _ProxyModule(types.ModuleType):
 _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.block_pool", "vllm.v1.core.single_type_kv_cache_manager",
             "vllm.utils.hashing", "vllm.v1.kv_cache_interface", "vllm.v1.hisparse.coordinator",
-            "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout")
+            "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout",
+            "vllm.v1.worker.block_table", "vllm.v1.worker.cp_utils",
+            "vllm.v1.attention.backends.utils")
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:

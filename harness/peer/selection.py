@@ -1,9 +1,11 @@
 """Which of vLLM's test files `kvconform peer` runs, and why.
 
-All are under the sdist's tests/v1/core. The issue's five files are the KV
-cache manager's unit tests; the extras also drive vLLM's KV cache classes
-directly (not through the Scheduler or an engine). The files left out, with
-the reason, are listed for the report.
+Under the sdist's tests/v1/core: the issue's five files are the KV cache
+manager's unit tests; the extras also drive vLLM's KV cache classes directly
+(not through the Scheduler or an engine). Under tests/v1/kv_offload/cpu: the
+offload tier's manager and policies. Under tests/v1/worker: the worker's
+block tables, slot mappings and context-parallel lengths (issue 22). The
+files left out, with the reason, are listed for the report.
 """
 
 from __future__ import annotations
@@ -55,5 +57,41 @@ OFFLOAD = ("tests/v1/kv_offload/cpu/test_manager.py",
            "tests/v1/kv_offload/cpu/policies/test_factory.py")
 
 
+# The worker's block tables, slot mappings and context-parallel lengths
+# (issue 22), in tests/v1/worker/. On a CPU build of vLLM the GPU-only tests
+# of these files skip on vLLM itself and are in no count.
+WORKER = "tests/v1/worker"
+WORKER_FILES = (
+    "test_gpu_block_table.py",
+    "test_cp_utils.py",
+    "test_gpu_kpool_tail_slot_mapping.py",
+    "test_kv_block_zeroer.py",
+    "test_kv_cache_allocation_scope.py",
+)
+# The InputBatch tests that move rows of its block table (condense, swap):
+# the batch's block table is impl's there (rebind.rebind_vllm_callers).
+INPUT_BATCH_BLOCK_TABLE = (
+    "test_sampling_metadata_in_input_batch",
+    "test_swap_states_in_input_batch",
+    "test_condense_clears_stale_allowed_token_ids_mask",
+    "test_swap_states_preserves_allowed_token_ids_mask",
+)
+WORKER_LEFT_OUT = {
+    "test_gpu_input_batch.py (the other tests)": "pooling, prompt-embedding and spec-token "
+        "buffers of the InputBatch; its block table only takes empty rows there",
+    "test_gpu_input_batch_v2.py, test_gpu_model_runner*.py": "the model runners (a model, "
+        "a device)",
+    "test_gpu_pcp_manager.py": "the new model runner's prefill context-parallel token split "
+        "(PCPManager, its input buffers and CUDA graph descriptors), not the block table",
+}
+
+
+def worker_paths() -> list[str]:
+    batch = f"{WORKER}/test_gpu_input_batch.py"
+    return ([f"{WORKER}/{name}" for name in WORKER_FILES]
+            + [f"{batch}::{name}" for name in INPUT_BATCH_BLOCK_TABLE])
+
+
 def test_paths() -> list[str]:
-    return [f"{CORE}/{name}" for name in (*REQUIRED, *EXTRA)] + list(OFFLOAD)
+    return ([f"{CORE}/{name}" for name in (*REQUIRED, *EXTRA)] + list(OFFLOAD)
+            + worker_paths())

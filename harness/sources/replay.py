@@ -40,6 +40,7 @@ from harness.backends.impl_backend import ImplBackend
 from harness.backends.lockstep import run_batch, run_event
 from harness.backends.vllm_backend import EnvironmentProblem, installed_vllm_profile
 from harness.core import pool_memory
+from harness.core.cache_config import CacheConfig
 from harness.core.compare import Failure, FailureKind, check_expected, first_difference
 from harness.core.events import Event, EvictBlocks
 from harness.core.exit_codes import ExitCode
@@ -77,14 +78,20 @@ def make_vllm(header: TraceHeader, profile: VersionProfile, check: bool = False)
 BACKENDS: dict[str, BackendFactory] = {"impl": make_impl, "vllm": make_vllm}
 
 
-def make_exec(command: str) -> BackendFactory:
-    """A foreign backend (specs/FOREIGN_BACKEND.md), handed the trace's own
-    encoding of its config and events."""
+def exec_backend(command: str, cache: CacheConfig, profile: VersionProfile,
+                 vllm_version: str, processes=None) -> Backend:
+    """A foreign backend (specs/FOREIGN_BACKEND.md) for this config, handed
+    the trace format's own encoding of the config and of each event; its
+    process from `processes` (ForeignProcesses) when given."""
     from harness.backends.exec_backend import ExecBackend
 
+    return ExecBackend(command, cache, profile, cache_to_dict(cache), vllm_version,
+                       event_to_dict, processes=processes)
+
+
+def make_exec(command: str) -> BackendFactory:
     def make(header: TraceHeader, profile: VersionProfile, check: bool = False) -> Backend:
-        return ExecBackend(command, header.cache, profile, cache_to_dict(header.cache),
-                           header.vllm_version, event_to_dict)
+        return exec_backend(command, header.cache, profile, header.vllm_version)
     return make
 
 

@@ -260,7 +260,7 @@ def check_worker(label: str, cache: CacheConfig, pairs: Iterable[tuple[Event, di
 def _run_steps(out: WorkerOutcome, cache: CacheConfig, pairs, backend: ImplBackend) -> None:
     from harness.backends.vllm_worker import VllmWorkerTables
 
-    layout = WorkerLayout.of(cache, MAX_NUM_REQS)
+    layout = WorkerLayout.of(cache, MAX_NUM_REQS, backend.profile)
     check = WorkerCheck(layout, [VllmWorkerTables(layout), ImplWorkerTables(layout)])
     prompt_len: dict[str, int] = {}
     for s in scheduler_steps(pairs, backend, out, prompt_len):

@@ -8,5 +8,9 @@ ids the scheduler hands it (specs/WORKER_BLOCK_TABLE.md).
   included;
 - `kernel_blocks.py`: a row of manager blocks as a row of the attention
   backend's smaller kernel blocks;
-- `block_copies.py`: copy-on-write copies of whole blocks in KV tensors.
+- `block_copies.py`: copy-on-write copies of whole blocks in KV tensors;
+- `forward_tables.py`: the forward pass's tables gathered from the rows
+  (0.33: entries below a sliding window nulled);
+- `cp_local_lengths.py`: how many of a sequence's tokens each context-parallel
+  rank holds.
 """

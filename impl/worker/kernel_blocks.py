@@ -24,5 +24,8 @@ def kernel_block_table(table: np.ndarray, block_size: int, kernel_block_size: in
     kernel blocks, in order."""
     k = kernel_blocks_per_block(block_size, kernel_block_size)
     step = stride or k
-    expanded = table.astype(np.int32)[:, :, None] * step + np.arange(k, dtype=np.int32)
-    return expanded.reshape(table.shape[0], table.shape[1] * k)
+    # One int32 buffer, filled in place: rows run to thousands of entries.
+    out = np.empty((table.shape[0], table.shape[1], k), dtype=np.int32)
+    np.multiply(table[:, :, None], step, out=out, casting="unsafe")
+    out += np.arange(k, dtype=np.int32)
+    return out.reshape(table.shape[0], table.shape[1] * k)

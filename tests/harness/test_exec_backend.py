@@ -73,22 +73,42 @@ def test_node_backend_is_conformant_on_every_trace_it_covers():
     assert any(p.endswith("hash-sha256_cbor.yaml") for p in covered)
 
 
+def _table(out: str) -> dict[str, str]:
+    """The gate table's rows by case name (the table comes before the reports)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    rows: dict[str, str] = {}
+    for line in lines[start + 2:]:
+        if line.strip():
+            rows.setdefault(line.split()[0], line)
+    return rows
+
+
 @needs_node
 @pytest.mark.vllm
-def test_gate_catches_the_injected_eviction_order_bug():
+def test_gate_catches_the_injected_eviction_order_bug(tmp_path):
     """Negative control: the bug frees a request's blocks head first; the
-    gate exits 1 and names the event; without the bug it passes."""
+    gate exits 1 and names the event, in the trace and in the fuzz slices of
+    full attention (through the Node backend); without the bug it passes,
+    the slices of kinds it does not implement "not covered"."""
     cmd = [sys.executable, "-m", "harness.cli.main", "gate", "--backend", NODE, "--jobs", "1",
-           "--fuzz-seconds", "0", "--no-workloads", EXAMPLE, MAMBA]
+           "--fuzz-seconds", "1", "--fuzz-out", str(tmp_path), "--no-workloads",
+           EXAMPLE, MAMBA]
     env = {**os.environ, "PYTHONPATH": ROOT}
     good = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert good.returncode == 0, good.stdout + good.stderr
-    assert f"{NODE} covered 1 of 2 cases" in good.stdout
-    assert "not covered by" in good.stdout
+    rows = _table(good.stdout)
+    assert rows["fuzz[full_attention,seed=0]"].endswith("conformant")
+    assert rows["fuzz[mamba,seed=0]"].endswith(f"not covered by {NODE}")
+    assert "TOO FEW CASES" not in good.stdout
+    assert "not covered by" in rows[os.path.relpath(MAMBA, ROOT)]
     bad = subprocess.run(cmd, cwd=ROOT, env={**env, "KVCONFORM_NODE_BUG": "eviction-order"},
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == ExitCode.DIVERGED, bad.stdout + bad.stderr
     assert "diverged at event #11 (checkpoint), field free_queue[4]" in bad.stdout
+    rows = _table(bad.stdout)
+    assert rows["fuzz[full_attention,seed=0]"].endswith("DIVERGED")
+    assert f"replay it: kvconform replay --backend '{NODE}' {tmp_path}" in bad.stdout
 
 
 # -- what the foreign backend's capabilities leave out -----------------------------------

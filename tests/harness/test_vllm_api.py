@@ -45,6 +45,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
     assert api.manager_takes_watermark == ("has_scheduled_reqs" in p.admission_controls.args)
     assert api.takes_hash_lookahead_tokens == p.hash_lookahead_tokens
     assert api.lookup_takes_max_cache_hit_length == p.max_cache_hit_length
+    assert api.has_connector_lookup == p.connector_lookup
     assert p.covers(release)
     assert api.has_hisparse == p.hisparse
 
@@ -119,6 +120,8 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "mamba_spec_takes_checkpoints": "num_prefill_checkpoint_blocks" in interface,
         "has_boundary_state_offloads": "take_boundary_state_offloads" in manager,
         "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
+        "has_connector_lookup": "get_computed_blocks_for_connector" in manager
+        and "truncate_computed_blocks" in manager,
         "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
         "has_hisparse": "advance_scheduled" in hisparse_calls
         and "take_residency_updates" in hisparse_calls,

@@ -15,10 +15,11 @@ from impl.worker.slot_mapping import NO_CONTEXT_PARALLEL, ContextParallel
 
 SWAPS = "traces/golden/v0.32/multi-turn-chat.jsonl"  # decode-first reorder swaps rows
 CP = "traces/scenarios/context-parallel.yaml"  # DCP 2, blocks of 4
+PCP = "traces/scenarios/prefill-context-parallel.yaml"  # PCP 2, DCP 1
 HYBRID = "traces/scenarios/sliding-window-hybrid.yaml"
 
 
-@pytest.mark.parametrize("path", [SWAPS, CP, HYBRID, "traces/scenarios/mamba-align.yaml"])
+@pytest.mark.parametrize("path", [SWAPS, CP, PCP, HYBRID, "traces/scenarios/mamba-align.yaml"])
 def test_conformant(path):
     case = run_worker_trace(path)
     assert case.exit_code == ExitCode.OK, case.report
@@ -62,3 +63,29 @@ def test_wrong_kernel_block_split_is_caught(monkeypatch):
 
     monkeypatch.setattr(impl_kernel_blocks, "kernel_block_table", reversed_split)
     assert "kernel block table entry" in _diverged(HYBRID)
+
+
+def test_prefill_context_parallel_deals_slots_over_the_dcp_ranks_only():
+    from harness.backends.worker_tables import WorkerLayout
+    from harness.trace.reader import open_trace
+    from impl.profiles import get_profile
+
+    cache = open_trace(PCP).header.cache
+    assert (cache.pcp_world_size, cache.dcp_world_size) == (2, 1)
+    # 0.32: PCP ranks hold the DCP shard (here all of it); 0.25: blocks and
+    # slots span dcp x pcp ranks.
+    assert WorkerLayout.of(cache, 4, get_profile("0.32.0")).cp_world_size == 1
+    assert WorkerLayout.of(cache, 4, get_profile("0.25.1")).cp_world_size == 2
+    case = run_worker_trace(PCP)
+    assert case.exit_code == ExitCode.OK, case.report
+    assert "9 steps" in case.mode
+
+
+def test_a_slot_off_by_one_under_prefill_context_parallelism_is_caught(monkeypatch):
+    right = impl_table.compute_slots
+
+    def shifted(table, block_size, rows, positions, cp=NO_CONTEXT_PARALLEL):
+        return right(table, block_size, rows, positions, cp) + 1
+
+    monkeypatch.setattr(impl_table, "compute_slots", shifted)
+    assert "slot of position" in _diverged(PCP)

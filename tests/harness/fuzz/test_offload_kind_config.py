@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 import vllm.v1.kv_offload.cpu.manager  # noqa: F401  (fail loudly without vLLM)
 
 from harness.cli.main import main
