@@ -51,3 +51,11 @@ class KVCacheBlock:
 
 # Blocks in token order: a request's block table, or a run of blocks.
 BlockList = list[KVCacheBlock]
+
+
+def null_head_len(blocks) -> int:
+    """How many null entries lead a block table (a window's skipped prefix)."""
+    n = 0
+    while n < len(blocks) and blocks[n].is_null:
+        n += 1
+    return n

@@ -143,7 +143,7 @@ def _feature_end(feature) -> int:
 
 def block_extra_keys(
     request: Request, start: int, end: int, tagged: bool, mm_offset: bool = True,
-    walk_start: int | None = None,
+    walk_start: int | None = None, resume_at_last_item: bool = False,
 ) -> tuple[Any, ...] | None:
     """What besides the tokens tells the block [start, end) apart, in hash
     order: LoRA adapter, overlapping multimodal items, salt (first block),
@@ -153,7 +153,12 @@ def block_extra_keys(
     the block, and an item ending where the block starts is not in it;
     otherwise the key is the bare identifier and such an item still is, but
     only in the first block of a walk over blocks (`walk_start`, where the
-    caller began; None: this block): later blocks have stepped past it."""
+    caller began; None: this block): later blocks have stepped past it.
+
+    `resume_at_last_item` (profile.mm_resumed_walk_last_item): a walk that
+    begins after the prompt's first block looks at the last item only (the
+    blocks it hashes were filled by generated tokens, so 0.17-0.30 assume no
+    earlier item reaches them)."""
     found: list[Any] = []
     if request.lora is not None:
         lora = request.lora
@@ -165,6 +170,8 @@ def block_extra_keys(
         i = (bisect_right(features, start, key=_feature_end)
              if mm_offset or not at_walk_start
              else bisect_left(features, start, key=_feature_end))
+        if resume_at_last_item and walk_start:
+            i = max(i, len(features) - 1)
         while i < len(features) and features[i].offset < end:
             item = features[i]
             if tagged:
@@ -183,13 +190,14 @@ def block_extra_keys(
 
 
 def generate_block_hash_extra_keys(request: Request, start: int, end: int,
-                                   start_mm_idx: int, tagged: bool = True
+                                   start_mm_idx: int, tagged: bool = True,
+                                   mm_offset: bool = True
                                    ) -> tuple[tuple[Any, ...] | None, int]:
     """The block's extra keys, and where a caller walking the blocks in
     order resumes among the multimodal items: from `start_mm_idx` (negative
     counts from the end), past every item ending at or before `end`. With
     no item left at or after `start`, the index comes back as given."""
-    keys = block_extra_keys(request, start, end, tagged)
+    keys = block_extra_keys(request, start, end, tagged, mm_offset)
     features = request.mm_features
     if not features or _feature_end(features[-1]) <= start:
         return keys, start_mm_idx
@@ -235,16 +243,26 @@ class RequestBlockHasher:
     become (keys of the block and those tokens, *those tokens)."""
 
     __slots__ = ("hash_block_size", "hash_fn", "none_hash", "tagged", "mm_offset",
-                 "lookahead")
+                 "lookahead", "resume_at_last_item")
 
     def __init__(self, hash_block_size: int, hash_fn: HashFn, none_hash: Any,
-                 tagged: bool, mm_offset: bool = True, lookahead: int = 0) -> None:
+                 tagged: bool, mm_offset: bool = True, lookahead: int = 0,
+                 resume_at_last_item: bool = False) -> None:
         self.hash_block_size = hash_block_size
         self.hash_fn = hash_fn
         self.none_hash = none_hash
         self.tagged = tagged
         self.mm_offset = mm_offset
         self.lookahead = lookahead
+        self.resume_at_last_item = resume_at_last_item
+
+    @classmethod
+    def for_profile(cls, hash_block_size: int, hash_fn: HashFn, none_hash: Any,
+                    profile: VersionProfile, lookahead: int = 0) -> "RequestBlockHasher":
+        """The hasher of the profile's release (its extra-key rules)."""
+        return cls(hash_block_size, hash_fn, none_hash, profile.tagged_extra_keys,
+                   profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET, lookahead,
+                   profile.mm_resumed_walk_last_item)
 
     def __call__(self, request: Request) -> list:
         """The hashes of the full blocks after the last hashed one."""
@@ -262,17 +280,17 @@ class RequestBlockHasher:
         parent = (done[-1] if done else None) or self.none_hash
         plain = (request.lora is None and not request.mm_features
                  and request.prompt_embeds is None and not request.cache_salt)
-        tagged, mm_offset = self.tagged, self.mm_offset
+        tagged, mm_offset, last_item = self.tagged, self.mm_offset, self.resume_at_last_item
         first = begin  # the walk over multimodal items starts here
         while begin + size <= end:
             stop = begin + size
             if ahead:
                 keys = None if plain else block_extra_keys(request, begin, stop + ahead,
-                                                           tagged, mm_offset, first)
+                                                           tagged, mm_offset, first, last_item)
                 keys = (keys, *tokens[stop:stop + ahead])
             else:
                 keys = None if plain else block_extra_keys(request, begin, stop, tagged,
-                                                           mm_offset, first)
+                                                           mm_offset, first, last_item)
             parent = fn((parent, tuple(tokens[begin:stop]), keys))
             fresh.append(parent)
             begin = stop
@@ -297,6 +315,5 @@ def get_request_block_hasher(
     """vLLM's entry point by its name: a hasher for any algorithm name or
     callable, with NONE_HASH derived from it as the profile says."""
     fn = get_hash_fn(hash_fn)
-    return RequestBlockHasher(hash_block_size, fn, none_hash(profile, hash_fn, seed),
-                              profile.tagged_extra_keys,
-                              profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET)
+    return RequestBlockHasher.for_profile(hash_block_size, fn,
+                                          none_hash(profile, hash_fn, seed), profile)

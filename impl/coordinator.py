@@ -71,7 +71,8 @@ class KVCacheCoordinator:
         # EAGLE / MTP (specs §15): the draft groups, and those whose hits
         # drop their last unit (the same in 0.32; 0.33 needs use_eagle).
         self.eagle_group_ids = draft_group_ids(groups, use_eagle)
-        self.drop_eagle_group_ids = dropping_group_ids(self.eagle_group_ids, use_eagle, profile)
+        self.drop_eagle_group_ids = dropping_group_ids(self.eagle_group_ids, use_eagle, profile,
+                                                       len(groups))
         # Multi-module MTP writes the tokens after a chunk's end again next
         # step: that many trailing computed tokens are not final (§16.1).
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
@@ -361,6 +362,31 @@ class SpecGroup:
     use_eagle: bool = False
 
 
+def _fine_grained_hits(profile: VersionProfile, specs: Sequence[KVCacheSpec],
+                       manager_classes: Sequence[type[SingleTypeKVCacheManager]],
+                       hash_block_size: int, dcp_world_size: int) -> bool:
+    """Whether a hybrid model's hits may land on hash blocks (the release
+    has them, and its gating lets these groups)."""
+    return profile.partial_block_hits and partial_hash_hits_enabled(
+        specs, manager_classes, hash_block_size, dcp_world_size, profile.partial_hit_gating)
+
+
+def resolve_cache_hit_alignment_tokens(kv_cache_config: KVCacheConfig,
+                                       profile: VersionProfile, enable_caching: bool,
+                                       scheduler_block_size: int, hash_block_size: int,
+                                       dcp_world_size: int = 1) -> int:
+    """The granularity hits land on, as the hybrid coordinator built for this
+    config would set it, without building one (the scheduler asks)."""
+    groups = kv_cache_config.kv_cache_groups
+    if not enable_caching or len(groups) <= 1:
+        return scheduler_block_size
+    specs = [group.kv_cache_spec for group in groups]
+    classes = [manager_class_for(group.kv_cache_spec, group.role) for group in groups]
+    if _fine_grained_hits(profile, specs, classes, hash_block_size, dcp_world_size):
+        return hash_block_size
+    return scheduler_block_size
+
+
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(self, kv_cache_config: KVCacheConfig, profile: VersionProfile,
                  enable_caching: bool, hash_block_size: int, **kwargs) -> None:
@@ -378,9 +404,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 raise ValueError(f"a {manager.block_size}-token block is not a whole number "
                                  f"of {hash_block_size}-token hash blocks")
         _check_context_parallel_kinds(specs, self.dcp_world_size, self.pcp_world_size)
-        self.enable_partial_hash_hits = profile.partial_block_hits and partial_hash_hits_enabled(
-            specs, [type(m) for m in managers], hash_block_size, self.dcp_world_size,
-            profile.partial_hit_gating)
+        self.enable_partial_hash_hits = _fine_grained_hits(
+            profile, specs, [type(m) for m in managers], hash_block_size, self.dcp_world_size)
         self.alignment_tokens = (hash_block_size if self.enable_partial_hash_hits
                                  else self.scheduler_block_size)
         for manager in managers:

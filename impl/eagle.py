@@ -31,10 +31,15 @@ def draft_group_ids(groups: Sequence[KVCacheGroupSpec], use_eagle: bool) -> set[
 
 
 def dropping_group_ids(draft_ids: set[int], use_eagle: bool,
-                       profile: VersionProfile) -> set[int]:
+                       profile: VersionProfile, num_groups: int = 0) -> set[int]:
     """The groups whose lookups drop the last matched unit."""
     rule = profile.eagle_drop_groups
     if rule is None:
+        if num_groups == 1:
+            # One group (the unitary coordinator): it drops when it is a
+            # draft group, flagged or by use_eagle, in every release; the
+            # rules that moved over 0.20-0.30 are the hybrid coordinator's.
+            return set(draft_ids)
         if draft_ids:
             raise UnsupportedByProfile(
                 f"EAGLE draft groups under vLLM {profile.name}: impl models EAGLE "

@@ -62,7 +62,8 @@ class KVCacheBlocks:
                                    for mine, theirs in zip(self.blocks, other.blocks)))
 
 
-# A connector's lookup: blocks, hit tokens, whether some group hit less.
+# A connector's lookup: blocks, hit tokens, shared-prefix boundary, whether
+# some group hit less.
 ConnectorHit = tuple[KVCacheBlocks, int, int, bool]
 
 
@@ -208,28 +209,30 @@ class KVCacheManager:
         answer = KVCacheBlocks(blocks) if hit else self._answer(blocks)
         return answer, hit, (hit + uncached if uncached else 0)
 
-    def get_computed_blocks_for_connector(self, request: Request) -> ConnectorHit:
+    def get_computed_blocks_for_connector(self, request: Request,
+                                          max_cache_hit_length: int | None = None
+                                          ) -> ConnectorHit:
         """The lookup a KV connector schedules with (specs §16.5): for a
         hybrid of Mamba and full attention, full attention's own hit (the
-        connector brings the Mamba state), no shared-prefix boundary, and
-        whether some group hit less; otherwise the plain lookup's three
-        values and False."""
+        connector brings the Mamba state; no shared-prefix boundary) and
+        whether some group hit less; otherwise the plain lookup."""
         coord = self.coordinator
         hybrid = (isinstance(coord, HybridKVCacheCoordinator)
                   and coord.full_attention_group_id is not None
                   and any(isinstance(g.kv_cache_spec, MambaSpec)
                           for g in self.kv_cache_config.kv_cache_groups))
         if not hybrid:
-            return (*self.get_computed_blocks(request), False)
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0, False
-        blocks, lengths = coord.find_longest_cache_hit_per_group(
-            request.block_hashes, len(request.all_token_ids) - 1)
+        bound = (len(request.all_token_ids) - 1 if max_cache_hit_length is None
+                 else max_cache_hit_length)
+        blocks, lengths = coord.find_longest_cache_hit_per_group(request.block_hashes, bound)
         full = lengths[coord.full_attention_group_id]
         if max(lengths) > full:
             # Full attention lost blocks another group kept: only the agreed
             # lookup gives a boundary every group can serve.
-            return (*self.get_computed_blocks(request), False)
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         return self.create_kv_cache_blocks(blocks), full, 0, min(lengths) < full
 
     # -- allocation --------------------------------------------------------------------

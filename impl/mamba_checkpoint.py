@@ -4,7 +4,10 @@ A state is worth keeping only at a boundary a later request can resume from.
 A resend of the prompt always recomputes its last token (its logits are
 wanted), so the boundary lies before it, on the grid hits land on; an EAGLE
 hit matches one grid unit further and drops it, so under EAGLE the boundary
-is one unit lower still. The names are vLLM's (vllm.v1.kv_cache_interface).
+is one unit lower still. With lookahead hashing (0.33) a boundary's hash
+exists only once the L tokens after it are known, so the boundary also lies
+at least L tokens before the prompt's end. The names are vLLM's
+(vllm.v1.kv_cache_interface).
 """
 
 from impl.math_utils import cdiv
@@ -13,12 +16,18 @@ from impl.profiles import PromptTailBoundary
 
 def get_mamba_prefill_checkpoint_position(
         num_tokens: int, hash_block_size: int, drop_eagle_block: bool,
+        num_hash_lookahead_tokens: int = 0,
         rule: PromptTailBoundary = PromptTailBoundary.BEFORE_LAST_TOKEN) -> int:
     """The last grid boundary a request of `num_tokens` tokens can hit (0: none)."""
-    # Without EAGLE one token must stay to recompute (0.32+: the rule);
-    # EAGLE's dropped unit leaves tokens to recompute by itself.
-    recompute_last = rule is PromptTailBoundary.BEFORE_LAST_TOKEN and not drop_eagle_block
-    provable = num_tokens - 1 if recompute_last else num_tokens
+    # Without EAGLE one token must stay to recompute (0.32+: the rule), and
+    # the lookahead tokens that prove the boundary's hash; EAGLE's dropped
+    # unit leaves tokens to recompute (and to hash) by itself.
+    held_back = 0
+    if not drop_eagle_block:
+        held_back = num_hash_lookahead_tokens
+        if rule is PromptTailBoundary.BEFORE_LAST_TOKEN:
+            held_back = max(1, held_back)
+    provable = num_tokens - held_back
     position = provable - provable % hash_block_size
     if drop_eagle_block:
         position -= hash_block_size

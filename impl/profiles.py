@@ -395,6 +395,15 @@ class VersionProfile:
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
     kv_events_map_layout: bool = False
+    # A hashing call that begins after the prompt's first block (blocks
+    # filled by generated tokens) looks at the last multimodal item only
+    # (0.17-0.30: `curr_mm_idx = -1`); 0.31+ find the items by position.
+    mm_resumed_walk_last_item: bool = True
+    # Under sparse retention an EAGLE group also keeps the window one block
+    # below a request's shared-prefix junction: a sibling diverging right
+    # after the junction lacks the EAGLE peek there, so its hit lands a
+    # block lower (0.33).
+    eagle_junction_block_below: bool = False
     # The new model runner's forward-pass block tables hold the null block
     # in a sliding-window group's entries wholly below the window of the
     # request's first scheduled token (0.33: those blocks may be freed and
@@ -546,6 +555,7 @@ def _profiles() -> dict[str, VersionProfile]:
          boundary_state_offloads=True)
     then("0.31",
          tagged_extra_keys=True,
+         mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
          allocate_adopts_hit_without_new_tokens=True,
          mamba_blocks_capped=True)
@@ -564,6 +574,7 @@ def _profiles() -> dict[str, VersionProfile]:
          max_cache_hit_length=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION_LOOKAHEAD,
          eagle_drop_groups=EagleDropGroups.FLAGGED_IF_USE_EAGLE,
+         eagle_junction_block_below=True,
          worker_nulls_below_window=True,
          offload_request_ranked_lru=True,
          offload_failed_store_events=True)

@@ -10,7 +10,7 @@ from impl.hisparse.coordinator import get_hisparse_coordinator
 from impl.invariants import InvariantChecker, InvariantViolation
 from impl.kv_cache_manager import KVCacheManager
 from impl.kv_cache_spec import KVCacheConfig, KVCacheGroupSpec
-from impl.profiles import MMExtraKey, VersionProfile
+from impl.profiles import VersionProfile
 from impl.request import Request, RequestStatus
 
 
@@ -60,13 +60,12 @@ class ImplBackend(Backend):
             use_eagle=config.use_eagle,
             num_prefill_lookahead=config.num_prefill_lookahead,
         )
-        self.hasher = RequestBlockHasher(
+        self.hasher = RequestBlockHasher.for_profile(
             hash_block_size,
             get_hash_fn(config.hash_algo),
             bytes.fromhex(config.none_hash) if config.none_hash is not None
             else none_hash(profile, config.hash_algo, config.hash_seed),
-            profile.tagged_extra_keys,
-            profile.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET,
+            profile,
             config.num_hash_lookahead_tokens,
         )
         if config.hisparse:

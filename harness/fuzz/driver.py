@@ -350,15 +350,15 @@ class Driver:
             start, end,
             get_mamba_prefill_checkpoint_position(
                 prefill_end, hbs if self.mamba_partial_hits else self.scheduler_block_size,
-                drop, rule),
+                drop, rule=rule),
             hbs, bs, self.checkpoint_alignment)
         last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
-            r.num_tokens, bs, drop, rule)
+            r.num_tokens, bs, drop, rule=rule)
         if end < prefill_end:
             end = end // bs * bs
         tail = 0
         if self.mamba_partial_hits and not exported:
-            tail = get_mamba_prefill_checkpoint_position(r.num_prompt, hbs, drop, rule)
+            tail = get_mamba_prefill_checkpoint_position(r.num_prompt, hbs, drop, rule=rule)
         if self.exact_junctions and junction <= r.num_prompt:
             junction_stop = junction
         else:

@@ -144,8 +144,10 @@ def to_impl_spec(spec):
     if row.name in ("mla_attention", "sliding_window_mla"):
         # non_causal_multi_token_decode marks a drafter's layers: grouping
         # reads it (the sizing adapter passes the marked layers on by name).
-        require(getattr(spec, "head_size_v", None) in (0, None), "MLA spec with a V head",
-                name)
+        # (Before 0.28 an MLA spec inherits full attention's default V head,
+        # as wide as K, which its page size never reads: no V head either.)
+        require(getattr(spec, "head_size_v", None) in (0, None, spec.head_size),
+                "MLA spec with a V head", name)
     common = _attention_geometry(spec)
     if row.name not in ("mla_attention", "sliding_window_mla"):
         # impl writes "V head as wide as K" as None; vLLM fills the number in.

@@ -28,9 +28,6 @@ FINDINGS: dict[str, Finding] = {
     "test_mla_with_incompatible_swa_uses_one_full_allocation_group": Finding(
         _NA, "asserts on the warning vLLM's logger prints (impl groups the layers the same; "
              "the grouping asserts before it pass on impl)"),
-    "test_effective_attention_block_size_matches_events": Finding(
-        _NA, "vLLM's EngineCore reads the manager's specs with vLLM's own "
-             "is_full_attention_spec, which does not know impl's spec objects"),
     "test_free_kv_cache_block_queue_append_n": Finding(
         _FAIL, "divergence: append_n onto a queue whose tail link was cut raises "
                "AttributeError in impl; vLLM raises an AssertionError naming the broken link"),

@@ -27,6 +27,7 @@ def _entries():
     """(vLLM object, adapter) for every vLLM name the release running has: an
     older release (`kvconform --vllm 0.17.1 peer`) lacks some modules and
     names, and its tests then cannot use them either."""
+    import impl.block as iblock
     import impl.mamba_checkpoint as imc
     from harness.peer.adapters import (
         hashing,
@@ -75,6 +76,8 @@ def _entries():
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(sizing, name)))
     for name in sizing.HISPARSE_LAYOUT_REBOUND:
         wanted.append(("vllm.v1.hisparse.layout", name, getattr(sizing, name)))
+    # impl's own helper, same signature.
+    wanted.append(("vllm.v1.core.kv_cache_utils", "null_head_len", iblock.null_head_len))
     # Mamba prefill checkpoint helpers: impl's own, same signature.
     for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
         wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))
@@ -86,9 +89,12 @@ def _entries():
             pairs.append((getattr(module, name), adapter))
     pairs.extend(sizing.spec_classes())
     pairs.append(sizing.config_class())
-    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release has
-    # impl's model of it (0.32's manager and policies).
-    if release_module("vllm.v1.kv_offload.cpu.policies.factory") is not None:
+    # The CPU offload tier (tests/v1/kv_offload/cpu/), where the release's
+    # has the chunk-status shape impl's model has (0.30 on; 0.28's policies
+    # have no ChunkStatus): its tests then check impl's answers, also where
+    # the profile does not claim the tier (offload_cpu_tier) and they differ.
+    policies = release_module("vllm.v1.kv_offload.cpu.policies.base")
+    if policies is not None and hasattr(policies, "ChunkStatus"):
         from harness.peer.adapters import offload
 
         pairs.extend(offload.rebound())
@@ -102,6 +108,12 @@ _CALLER_HELPERS = (
     ("vllm.model_executor.layers.mamba.checkpoint", "get_mamba_prefill_checkpoint_position"),
     ("vllm.model_executor.layers.mamba.checkpoint", "is_mamba_prefill_checkpoint_valid"),
 )
+
+
+# vLLM module -> its globals that read the specs of impl's managers, pointed
+# at the sizing adapter's (which takes impl's specs as well as vLLM's) when
+# a test imports the module (EngineCore is heavy: not imported otherwise).
+_SPEC_READERS = {"vllm.v1.engine.core": ("is_full_attention_spec",)}
 
 
 def rebind_vllm_callers() -> None:
@@ -119,6 +131,14 @@ def rebind_vllm_callers() -> None:
         module = release_module(module_name)
         if module is not None and hasattr(module, name):
             setattr(module, name, adapter)
+
+
+def _rebind_spec_readers(module: types.ModuleType) -> None:
+    from harness.peer.adapters import sizing
+
+    for name in _SPEC_READERS.get(module.__name__, ()):
+        if hasattr(module, name):
+            setattr(module, name, getattr(sizing, name))
 
 
 def table() -> dict[int, tuple[object, object]]:
@@ -230,8 +250,11 @@ def _is_test_module(globals_) -> bool:
 
 def _import(name, globals=None, locals=None, fromlist=(), level=0):
     module = _real_import(name, globals, locals, fromlist, level)
-    if fromlist and level == 0 and name in _PROXIED and _is_test_module(globals):
-        return proxy(module)
+    if fromlist and level == 0 and _is_test_module(globals):
+        if name in _PROXIED:
+            return proxy(module)
+        if name in _SPEC_READERS:
+            _rebind_spec_readers(module)
     return module
 
 

@@ -12,7 +12,7 @@ needs (`find_longest_cache_hit`) and which blocks are worth keying
 from collections.abc import Sequence
 from typing import ClassVar
 
-from impl.block import BlockList, KVCacheBlock
+from impl.block import BlockList, KVCacheBlock, null_head_len
 from impl.block_pool import BlockPool
 from impl.kv_cache_spec import AttentionSpec, KVCacheSpec
 from impl.math_utils import cdiv
@@ -282,7 +282,11 @@ class SingleTypeKVCacheManager:
         its replay boundaries and, when known, where it stops sharing a
         prefix with cached siblings."""
         junction = request.shared_prefix_boundary
-        boundaries = [*replay_boundaries, junction] if junction else list(replay_boundaries)
+        boundaries = list(replay_boundaries)
+        if junction:
+            boundaries.append(junction)
+            if self.use_eagle and self._profile.eagle_junction_block_below:
+                boundaries.append(junction - self.block_size)
         return type(self).reachable_block_mask(
             start, end, self.cache_hit_alignment_tokens, self.kv_cache_spec, self.use_eagle,
             retention_interval, boundaries, self.dcp_world_size)
@@ -311,10 +315,16 @@ class SingleTypeKVCacheManager:
     # -- releasing ------------------------------------------------------------------------
 
     def pop_blocks_for_free(self, request_id: str) -> BlockTable:
-        """Forget the request; its table, for the caller to free."""
+        """Forget the request; its table, for the caller to free (without its
+        leading null entries where the pool leaves the null block alone:
+        profile.null_block_refcount)."""
         self.num_cached_block.pop(request_id, None)
         self._copy_due.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        table = self.req_to_blocks.pop(request_id, [])
+        if self._profile.null_block_refcount:
+            return table
+        skipped = null_head_len(table)
+        return table[skipped:] if skipped else table
 
     def free(self, request_id: str) -> None:
         table = self.pop_blocks_for_free(request_id)

@@ -209,7 +209,8 @@ class MambaManager(SingleTypeKVCacheManager):
         if not self.has_prefill_checkpoint_blocks or end < prefill_end:
             return None
         position = get_mamba_prefill_checkpoint_position(
-            end, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block)
+            end, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens)
         if not position or not is_mamba_prefill_checkpoint_valid(
                 start, end, position, self.block_pool.hash_block_size, self.block_size,
                 self.kv_cache_spec.prefill_checkpoint_alignment):
@@ -417,7 +418,8 @@ class MambaManager(SingleTypeKVCacheManager):
         # The prompt's final chunk caches up to a block boundary only, so
         # compare with the prompt's own checkpoint, not with num_tokens.
         reusable = position == get_mamba_prefill_checkpoint_position(
-            request.num_prompt_tokens, alignment, self.drop_eagle_checkpoint_block)
+            request.num_prompt_tokens, alignment, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens)
         if not reusable and position % self.block_size == 0:
             state = position // self.block_size - 1
             mask = self.reachable_block_mask(state, state + 1, alignment, self.kv_cache_spec,
@@ -442,7 +444,8 @@ class MambaManager(SingleTypeKVCacheManager):
             return None
         rule = self._profile.prompt_tail_boundary
         boundary = get_mamba_prefill_checkpoint_position(
-            request.num_prompt_tokens, unit, self.drop_eagle_checkpoint_block, rule)
+            request.num_prompt_tokens, unit, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens, rule)
         if num_tokens != boundary and not (
                 self.shared_prefix_checkpoint
                 and num_tokens == request.shared_prefix_boundary

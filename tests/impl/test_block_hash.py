@@ -114,6 +114,23 @@ def test_an_item_ending_at_a_block_start_is_in_it_only_before_0_19():
     assert block_extra_keys(req, 4, 8, tagged=False) is None
 
 
+def test_a_resumed_walk_keys_only_the_last_item_before_0_31():
+    # Two items reach the block [4, 8); a hashing call beginning there (the
+    # prompt's first block is hashed already) walks from the last one only
+    # in 0.17-0.30, and keys both from 0.31 on.
+    req = Request("r", list(range(8)), 8,
+                  mm_features=(MMFeature("img0", 3, 2), MMFeature("img1", 6, 1)))
+    assert block_extra_keys(req, 4, 8, tagged=False, walk_start=4,
+                            resume_at_last_item=True) == (("img1", 2),)
+    assert block_extra_keys(req, 4, 8, tagged=False, walk_start=4) == (
+        ("img0", -1), ("img1", 2))
+    # A walk from the prompt's start is no resumed walk.
+    assert block_extra_keys(req, 4, 8, tagged=False, walk_start=0,
+                            resume_at_last_item=True) == (("img0", -1), ("img1", 2))
+    assert (get_profile("0.30").mm_resumed_walk_last_item,
+            get_profile("0.31").mm_resumed_walk_last_item) == (True, False)
+
+
 def test_no_extra_keys_is_none():
     assert block_extra_keys(Request("r", [1, 2], 2), 0, 2, tagged=True) is None
 

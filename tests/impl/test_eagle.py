@@ -81,10 +81,20 @@ def test_which_draft_groups_drop_follows_the_profile(profile, use_eagle, drops):
     assert dropping_group_ids({1}, use_eagle, profile) == drops
 
 
-def test_a_profile_without_the_rule_refuses_eagle():
+def test_a_profile_without_the_rule_refuses_eagle_for_a_hybrid_model():
     assert dropping_group_ids(set(), False, P17) == set()
     with pytest.raises(UnsupportedByProfile, match="0.17"):
-        manager([group(FullAttentionSpec(4))], profile=P17, use_eagle=True)
+        manager([group(FullAttentionSpec(4)), group(FullAttentionSpec(8))], profile=P17,
+                use_eagle=True)
+
+
+def test_a_profile_without_the_rule_still_drops_for_one_group():
+    # Every release's unitary coordinator drops its one group's last block.
+    assert dropping_group_ids({0}, True, P17, num_groups=1) == {0}
+    m = manager([group(FullAttentionSpec(4))], profile=P17, use_eagle=True)
+    run(m, request(m, "a", prompt(3, 4, tail=1)))
+    m.free(request(m, "a", []))
+    assert m.get_computed_blocks(request(m, "b", prompt(3, 4, tail=2)))[1] == 8
 
 
 def test_the_proof_margin_is_a_hash_block_only_for_fine_grained_lookups():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from impl.block import null_head_len
 from impl.block_hash import RequestBlockHasher, get_hash_fn, none_hash
 from impl.block_hash_view import BlockHashListWithBlockSize, resolve_block_hashes
 from impl.coordinator import (
@@ -116,6 +117,25 @@ def test_sliding_window_frees_what_the_window_left():
     assert s.step(a, [10]) == ([],)
     assert s.table("a") == ([0, 2, 3],)
     assert s.m.block_pool.free_block_queue.block_ids()[-1] == 1  # cached: to the tail
+
+
+@pytest.mark.parametrize("profile,returned", [("0.32", [0, 2, 3]), ("0.33", [2, 3])])
+def test_a_freed_table_loses_its_null_head_from_0_33(profile, returned):
+    # profile.null_block_refcount off (0.33): the table handed back for
+    # freeing starts at its first real block.
+    s = Setup([window(4, 4)], profile=get_profile(profile))
+    a = s.request("a", range(10))
+    s.admit(a)
+    s.step(a, [10])
+    table = s.m.coordinator.single_type_managers[0].pop_blocks_for_free("a")
+    assert [b.block_id for b in table] == returned
+
+
+def test_null_head_len_counts_the_leading_nulls_only():
+    pool = Setup([full()]).m.block_pool
+    null, real = pool.null_block, pool.get_new_blocks(2)
+    assert [null_head_len(t) for t in ([], real, [null] * 3, [null, null, *real, null])] == [
+        0, 0, 3, 2]
 
 
 @pytest.mark.parametrize("w,hit,table", [

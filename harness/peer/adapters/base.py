@@ -123,9 +123,13 @@ class Adapter:
 
     # vLLM keyword names -> impl's, for forwarded methods.
     _renames: dict[str, str] = {}
+    # vLLM's private names (tests read or call them) -> impl's names for the
+    # same state or operation.
+    _PRIVATE: dict[str, str] = {}
 
     def __getattr__(self, name: str):
         impl = object.__getattribute__(self, "_impl")
+        name = type(self)._PRIVATE.get(name, name)
         try:
             value = getattr(impl, name)
         except AttributeError:

@@ -9,6 +9,7 @@ from harness.peer import convert
 from harness.peer.lacks import ImplLacks
 from impl import block_hash as ihash
 from impl import block_hash_view as iview
+from impl.profiles import MMExtraKey
 
 ALGORITHMS = tuple(ihash.HASH_FUNCTIONS)
 
@@ -71,12 +72,19 @@ def none_hash() -> bytes:
     return STATE.none_hash
 
 
-def get_request_block_hasher(hash_block_size: int, caching_hash_fn):
+def _mm_offset() -> bool:
+    """Whether a multimodal item's key carries its offset (profile.mm_extra_key)."""
+    return convert.PROFILE.mm_extra_key is MMExtraKey.IDENTIFIER_OFFSET
+
+
+def get_request_block_hasher(hash_block_size: int, caching_hash_fn,
+                              num_hash_lookahead_tokens: int = 0):
     fn = impl_hash_fn(caching_hash_fn)
 
     def request_block_hasher(request):
-        hasher = ihash.RequestBlockHasher(hash_block_size, fn, none_hash(),
-                                          convert.PROFILE.tagged_extra_keys)
+        hasher = ihash.RequestBlockHasher.for_profile(hash_block_size, fn, none_hash(),
+                                                      convert.PROFILE,
+                                                      num_hash_lookahead_tokens)
         return hasher(convert.to_impl_request(request))
 
     return request_block_hasher
@@ -93,7 +101,7 @@ def hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, ex
 def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
     return ihash.generate_block_hash_extra_keys(
         convert.to_impl_request(request), start_token_idx, end_token_idx, start_mm_idx,
-        convert.PROFILE.tagged_extra_keys)
+        convert.PROFILE.tagged_extra_keys, _mm_offset())
 
 
 def to_event_extra_keys(extra_keys):

@@ -48,11 +48,17 @@ class KVCacheManager(Adapter):
         # The same bound under its older name (0.25.1's signature, say).
         if "max_num_batched_tokens" in arguments:
             arguments["max_in_flight_tokens"] = arguments.pop("max_num_batched_tokens")
+        # 0.30's name of the Mamba junction checkpoints (its predicate is
+        # the same: EAGLE groups, hits inside blocks, no prefill lookahead).
+        if "enable_mamba_fine_grained_prefix_cache" in arguments:
+            arguments["enable_mamba_shared_prefix_checkpoint"] = arguments.pop(
+                "enable_mamba_fine_grained_prefix_cache")
         self._init(**arguments)
 
     def _init(self, kv_cache_config, max_model_len, hash_block_size,
               scheduler_block_size=None, max_in_flight_tokens=None, enable_caching=True,
-              use_eagle=False, num_prefill_lookahead=0, log_stats=False,
+              use_eagle=False, num_hash_lookahead_tokens=0, num_prefill_lookahead=0,
+              log_stats=False,
               enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
               metrics_collector=None, watermark=0.0, enable_mamba_shared_prefix_checkpoint=False):
         with Checks() as checks:
@@ -76,6 +82,7 @@ class KVCacheManager(Adapter):
             max_in_flight_tokens=max_in_flight_tokens,
             enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
             use_eagle=use_eagle,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             num_prefill_lookahead=num_prefill_lookahead,
             metrics_collector=collector,
         )
@@ -84,15 +91,23 @@ class KVCacheManager(Adapter):
         object.__setattr__(self, "kv_cache_config", kv_cache_config)
 
     kv_cache_config = None
+    # vLLM's older names for what impl keeps under its own.
+    _PRIVATE = {"mamba_fine_grained_prefix_cache": "mamba_shared_prefix_checkpoint"}
 
-    def get_computed_blocks(self, request):
-        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request))
+    def get_computed_blocks(self, request, max_cache_hit_length=None):
+        # (The bound is 0.33's; impl refuses it for a release without it.)
+        extra = {} if max_cache_hit_length is None else {
+            "max_cache_hit_length": max_cache_hit_length}
+        answer = unwrap(self).get_computed_blocks(convert.to_impl_request(request), **extra)
         # The running release's own shape: (blocks, hits) before 0.26, then
         # (blocks, hits, a third count), as its method's return annotation says.
         return answer[:_computed_blocks_arity()]
 
-    def get_computed_blocks_for_connector(self, request):
-        return unwrap(self).get_computed_blocks_for_connector(convert.to_impl_request(request))
+    def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
+        extra = {} if max_cache_hit_length is None else {
+            "max_cache_hit_length": max_cache_hit_length}
+        return unwrap(self).get_computed_blocks_for_connector(
+            convert.to_impl_request(request), **extra)
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
@@ -136,6 +151,9 @@ class KVCacheCoordinator(Adapter):
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         return unwrap(self).find_longest_cache_hit(block_hashes, max_cache_hit_length)
+
+    # vLLM's private names for what impl keeps under its own (tests read them).
+    _PRIVATE = {"_cache_hit_alignment_tokens": "alignment_tokens"}
 
 # One adapter class per coordinator kind, under vLLM's class names (tests
 # check which kind a config gets).

@@ -9,12 +9,16 @@ contexts are vLLM's own: impl reads them through the same methods."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from harness.peer import convert
 from impl.kv_offload import manager as imanager
 from impl.kv_offload.chunk import Chunk
 from impl.kv_offload.keys import make_offload_key  # noqa: F401  (rebound name)
 from impl.kv_offload.policies import arc as iarc
 from impl.kv_offload.policies import base as ibase
 from impl.kv_offload.policies import lru as ilru
+from impl.kv_offload.policies import request_lru as irlru
 from impl.kv_offload.policies.registry import PolicyRegistry
 
 ChunkStatus = Chunk
@@ -24,7 +28,13 @@ class CachePolicy(ibase.CachePolicy):
     pass
 
 
-class LRUCachePolicy(ilru.LRUCachePolicy, CachePolicy):
+# The release's LRU (profile.offload_request_ranked_lru): a test builds the
+# policy by vLLM's name, and the factory hands out this same class.
+_LRU = (irlru.RequestRankedLRUCachePolicy if convert.PROFILE.offload_request_ranked_lru
+        else ilru.LRUCachePolicy)
+
+
+class LRUCachePolicy(_LRU, CachePolicy):
     @property
     def _heap(self):
         return self.queue
@@ -46,8 +56,13 @@ class _FactoryMeta(type):
 
 class CachePolicyFactory(PolicyRegistry, metaclass=_FactoryMeta):
     # The built-in names give the adapters' policy classes (vLLM's tests
-    # compare the factory's answer with the names they import).
+    # compare the factory's answer with the names they import); "lru" is
+    # the release's LRU already.
     _loaders = {"lru": lambda: LRUCachePolicy, "arc": lambda: ARCCachePolicy}
+
+    @classmethod
+    def get_cache_policy_cls(cls, name, module_path=None, request_ranked_lru=False):
+        return super().get_cache_policy_cls(name, module_path)
 
 
 def _alias(impl_name: str) -> property:
@@ -58,12 +73,21 @@ def _alias(impl_name: str) -> property:
 class CPUOffloadingManager(imanager.CPUOffloadingManager):
     def __init__(self, num_chunks: int, cache_policy: str = "lru",
                  cache_policy_module_path: str | None = None, enable_events: bool = False,
-                 store_threshold: int = 1, max_tracker_size: int = 64_000) -> None:
+                 store_threshold: int = 1, max_tracker_size: int = 64_000,
+                 info=None) -> None:
         from vllm.v1.kv_offload.base import Medium
 
+        profile = convert.PROFILE
         super().__init__(num_chunks, cache_policy, cache_policy_module_path, enable_events,
-                         store_threshold, max_tracker_size, policies=CachePolicyFactory)
+                         store_threshold, max_tracker_size, policies=CachePolicyFactory,
+                         request_ranked_lru=profile.offload_request_ranked_lru,
+                         announce_failed_stores=profile.offload_failed_store_events)
         self.medium = Medium.CPU
+        # 0.33's CPUOffloadingInfo: configuration, handed back as given.
+        self._info = {} if info is None else info.as_config_info()
+
+    def config_info(self):
+        return [self._info]
 
     _policy = _alias("policy")
     _num_evictable_cache_chunks = _alias("num_evictable")
@@ -111,8 +135,11 @@ class CPUOffloadingManager(imanager.CPUOffloadingManager):
     def take_events(self):
         from vllm.v1.kv_offload.base import OffloadingEvent
 
+        marks = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
         for event in super().take_events():
-            yield OffloadingEvent(keys=event.keys, medium=self.medium, removed=event.removed)
+            extra = {"metadata_only": event.metadata_only} if marks else {}
+            yield OffloadingEvent(keys=event.keys, medium=self.medium, removed=event.removed,
+                                  **extra)
 
     def get_stats(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (

@@ -3,6 +3,8 @@ KVCacheBlock names over impl's."""
 
 from __future__ import annotations
 
+import inspect
+
 from harness.peer import convert
 from harness.peer import features as F
 from harness.peer.adapters.base import Adapter, register, unwrap
@@ -23,15 +25,31 @@ def events_use_int_hashes() -> bool:
 
 @register(ipool.BlockPool)
 class BlockPool(Adapter):
-    def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
-                 enable_kv_cache_events=False, metrics_collector=None, medium="GPU"):
+    def __init__(self, *args, **kwargs):
+        # Bound to the running release's own signature: 0.33 put
+        # num_hash_lookahead_tokens before medium.
+        from vllm.v1.core.block_pool import BlockPool as VllmPool
+
+        bound = inspect.signature(VllmPool.__init__).bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop(next(iter(arguments)))  # self
+        self._init(**arguments)
+
+    def _init(self, num_gpu_blocks, enable_caching, hash_block_size,
+              enable_kv_cache_events=False, metrics_collector=None, medium="GPU",
+              num_hash_lookahead_tokens=0):
         collector = impl_collector(metrics_collector)
         require(medium == "GPU", F.HISPARSE, f"BlockPool(medium={medium!r})")
         object.__setattr__(self, "_impl", ipool.BlockPool(
             num_gpu_blocks, enable_caching, hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events, profile=convert.PROFILE,
             events_use_int_hashes=events_use_int_hashes(), metrics_collector=collector,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         ))
+
+    # vLLM's private names for what impl does under its own (tests call them).
+    _PRIVATE = {"_maybe_evict_cached_block": "evict_cached_block"}
 
 
 @register(imap.BlockHashToBlockMap)

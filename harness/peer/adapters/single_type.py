@@ -39,14 +39,19 @@ class _Manager(Adapter):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens,
-                               dcp_world_size=1, pcp_world_size=1):
+                               kv_cache_spec, drop_eagle_block=False, alignment_tokens=None,
+                               dcp_world_size=1, pcp_world_size=1, use_eagle=None):
+        # (use_eagle: the flag's name before 0.24.)
+        if use_eagle is not None:
+            drop_eagle_block = use_eagle
         spec = convert.to_impl_spec(kv_cache_spec)
         blocks, num_tokens = cls._impl_cls.find_longest_cache_hit(
             block_hashes, max_length, list(kv_cache_group_ids), unwrap(block_pool), spec,
             alignment_tokens, dcp_world_size, pcp_world_size, drop_eagle_block=drop_eagle_block,
         )
-        return blocks, num_tokens
+        # The running release's shape: the blocks alone before 0.28, then
+        # (blocks, hit tokens), as its method's return annotation says.
+        return (blocks, num_tokens) if _hit_reports_tokens() else blocks
 
     @classmethod
     def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec,
@@ -87,6 +92,20 @@ class _Manager(Adapter):
             extra["record_for_zeroing"] = record_for_zeroing
         method(impl, request_id, num_local_computed_tokens, num_external_computed_tokens, **extra)
 
+    def allocate_new_computed_blocks(self, request_id, new_computed_blocks,
+                                     num_local_computed_tokens, num_external_computed_tokens):
+        # The one call before 0.24 for what impl (and later vLLM) does in two:
+        # take the prefix hit, then slots for a connector's tokens. A running
+        # request brings no hit and needs neither.
+        impl = unwrap(self)
+        if request_id in impl.num_cached_block:
+            assert not new_computed_blocks, "a running request took a prefix hit"
+            return
+        impl.add_local_computed_blocks(request_id, unwrap(list(new_computed_blocks)),
+                                       num_local_computed_tokens, num_external_computed_tokens)
+        self.allocate_external_computed_blocks(request_id, num_local_computed_tokens,
+                                               num_external_computed_tokens)
+
     def take_new_block_ids(self):
         impl = unwrap(self)
         if not hasattr(impl, "take_new_block_ids"):
@@ -117,10 +136,9 @@ class _Manager(Adapter):
         "_checkpoints": "prefill_checkpoints",
         "_allocated_block_reqs": "allocated_requests",
         "_relocate_speculative_block": "relocate_speculative_block",
+        # (0.30's name of the Mamba junction checkpoints.)
+        "fine_grained_prefix_cache": "shared_prefix_checkpoint",
     }
-
-    def __getattr__(self, name):
-        return Adapter.__getattr__(self, self._PRIVATE.get(name, name))
 
 
 def _manager(impl_cls, name):
@@ -145,6 +163,14 @@ HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseRe
 
 CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
 RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
+
+
+def _hit_reports_tokens() -> bool:
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager as Vllm
+
+    method = inspect.unwrap(Vllm.find_longest_cache_hit)
+    returned = str(method.__annotations__.get("return", ""))
+    return returned.replace(" ", "").endswith("...],int]")
 
 
 def _takes(fn, name: str) -> bool:

@@ -20,6 +20,9 @@ import copy
 import dataclasses
 
 from harness.peer import convert, proxies
+from harness.peer import features as F
+from harness.peer.lacks import ImplLacks
+from impl import coordinator as icoord
 from impl import eagle as ieagle
 from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
@@ -39,6 +42,7 @@ REBOUND = (
     "unify_hybrid_kv_cache_specs",
     "get_kv_cache_configs",
     "resolve_kv_cache_block_sizes",
+    "resolve_cache_hit_alignment_tokens",
     "resolve_dcp_kv_block_size",
     "resolve_dcp_kv_cache_spec",
     "_project_kv_cache_groups_to_worker",
@@ -122,7 +126,12 @@ def _hisparse(vllm_config) -> ilayout.HiSparsePlanning | None:
     config = _field(vllm_config, "attention_config", "hisparse_config")
     if config is None:
         return None
-    from vllm.v1.attention.backend import max_decode_query_len
+    try:
+        from vllm.v1.attention.backend import max_decode_query_len
+    except ImportError:
+        # 0.30's HiSparse config has no decode query bound: an older shape.
+        raise ImplLacks(F.HISPARSE, f"HiSparse planning under vLLM "
+                                    f"{convert.PROFILE.name}") from None
 
     return ilayout.HiSparsePlanning(
         index_topk=vllm_config.model_config.hf_config.index_topk,
@@ -252,13 +261,17 @@ def _group_template(group, specs_by_layer):
 
 def to_vllm_group(group, spec):
     """impl's group as vLLM's KVCacheGroupSpec, its spec already converted."""
-    from vllm.v1.kv_cache_interface import KVCacheGroupRole, KVCacheGroupSpec
+    from vllm.v1 import kv_cache_interface as v
 
-    role = KVCacheGroupRole(group.role.value) if group.role is not None else (
-        KVCacheGroupRole.DEFAULT)
-    return KVCacheGroupSpec(list(group.layer_names), spec, is_eagle_group=group.is_eagle_group,
-                            host_resident=group.host_resident,
-                            enable_kv_transfer=group.enable_kv_transfer, role=role)
+    # Only the fields the running release's group has (0.28 has no roles).
+    has = {f.name for f in dataclasses.fields(v.KVCacheGroupSpec)}
+    extra = {name: getattr(group, name)
+             for name in ("is_eagle_group", "host_resident", "enable_kv_transfer")
+             if name in has}
+    if "role" in has:
+        extra["role"] = (v.KVCacheGroupRole(group.role.value) if group.role is not None
+                         else v.KVCacheGroupRole.DEFAULT)
+    return v.KVCacheGroupSpec(list(group.layer_names), spec, **extra)
 
 
 def to_vllm_groups(groups, specs_by_layer, originals=None):
@@ -409,6 +422,14 @@ def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
         pcp_world_size=_field(vllm_config, "parallel_config",
                               "prefill_context_parallel_size") or 1,
     )
+
+
+def resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size,
+                                       hash_block_size):
+    return icoord.resolve_cache_hit_alignment_tokens(
+        convert.to_impl_config(kv_cache_config), convert.PROFILE,
+        vllm_config.cache_config.enable_prefix_caching, scheduler_block_size,
+        hash_block_size, _dcp(vllm_config))
 
 
 def resolve_dcp_kv_block_size(spec, dcp_world_size: int) -> int:
