@@ -70,11 +70,14 @@ def test_a_release_without_a_knob_refuses_it_by_name():
     _check_api_has(api_for("0.32.0"), lookahead, "0.32.0")
 
 
-def test_a_0_17_trace_with_eagle_is_refused_in_one_line(tmp_path):
+def test_a_0_17_hybrid_trace_with_eagle_is_refused_in_one_line(tmp_path):
+    # (A single group's EAGLE drop is every release's: only hybrids are refused.)
     trace = tmp_path / "eagle-v0.17.yaml"
     trace.write_text(yaml.safe_dump({
         "header": {"format": "kvconform-trace/1", "vllm_version": "0.17.1", "source": "hand",
-                   "cache": {"num_blocks": 8, "groups": [{"block_size": 4}],
+                   "cache": {"num_blocks": 8, "groups": [
+                       {"block_size": 4},
+                       {"block_size": 4, "kind": "sliding_window", "sliding_window": 8}],
                              "use_eagle": True}},
         "events": [{"op": "add_request", "req": "a", "prompt": [1, 2, 3, 4, 5]}]}))
     outcome = check_trace(str(trace), ["impl"])
