@@ -92,7 +92,7 @@ conform: install
 	mkdir -p .gate
 	$(VENV)/bin/kvconform gate --fuzz-seconds $(FUZZ_SECONDS) --fuzz-seed $(FUZZ_SEED) \
 		--fuzz-out $(FUZZ_OUT) --junit .gate/junit.xml --summary .gate/summary.md \
-		--backend $(BACKEND)
+		--backend "$(BACKEND)"
 
 # The gate against every followed vLLM release (impl/releases.py), each through its
 # overlay (built once from the release's wheel, then cached in .vllm-VERSION/):
