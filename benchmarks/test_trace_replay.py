@@ -5,7 +5,7 @@
   against baselines measured in the same run (bounds in ci/bench-table):
   replay against impl alone on the same events (at least 40%); the diff
   against the same diff in one process, both backends in turn (at least 1.3x),
-  and against the slower of its backends alone (at least 85%: the diff is
+  and against the slower of its backends alone (at least 75%: the diff is
   bounded by the slower backend, not by their sum). The serial bound (impl
   alone + vLLM alone, one after the other) is reported beside its ceiling,
   1 + impl's time / vLLM's: no diff can beat the slower backend alone;
