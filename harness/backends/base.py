@@ -334,11 +334,6 @@ class Backend(ABC):
                ) -> tuple[BlockIds, int]:
         return self._look_up(req, max_cache_hit_length)[:2]
 
-    def lookup_for_connector(self, req: str) -> tuple[BlockIds, int, bool]:
-        """A KV connector's lookup: also whether full attention's hit ran
-        deeper than another group's."""
-        return self._look_up(req, None, True)
-
     def _look_up(self, req: str, max_cache_hit_length: int | None,
                  for_connector: bool = False) -> tuple[BlockIds, int, bool]:
         request = self._request(req)
