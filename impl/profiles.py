@@ -279,11 +279,11 @@ class PrefixCacheRetention(str, Enum):
 
     # 0.17-0.22 (and 0.29, whose shape is not modelled): none.
     NONE = "none"
-    # 0.23-0.28: the engine's environment (VLLM_PREFIX_CACHE_RETENTION_INTERVAL)
-    # read once the coordinator is built; only sliding-window groups thin
-    # out, any interval (0 too) is refused for a model without one, and the
-    # only reachable boundary kept is the prompt's (its last token recomputed).
-    SLIDING_WINDOW_ENV = "sliding_window_env"
+    # 0.23-0.28 (where vLLM reads the interval from its environment, the
+    # adapter's table says): only sliding-window groups thin out, any
+    # interval (0 too) is refused for a model without one, and the only
+    # reachable boundary kept is the prompt's (its last token recomputed).
+    SLIDING_WINDOW_ONLY = "sliding_window_only"
     # 0.30+: KVCacheConfig.prefix_cache_retention_interval; sliding-window and
     # Mamba groups thin out, 0 is accepted for a model without either, and
     # the replay boundaries (two under EAGLE) are kept.
@@ -559,7 +559,7 @@ def _profiles() -> dict[str, VersionProfile]:
          sliding_window_sparse_caching=SlidingWindowSparseCaching.ALL,
          admission_controls=AdmissionControls.RESERVED_BLOCKS,
          sink_groups_buildable=False,
-         prefix_cache_retention=PrefixCacheRetention.SLIDING_WINDOW_ENV)
+         prefix_cache_retention=PrefixCacheRetention.SLIDING_WINDOW_ONLY)
     then("0.24",
          kv_events_map_layout=True,
          free_order=FreeOrder.UNHASHED_FIRST,

@@ -32,9 +32,10 @@ def validate_retention_interval(interval: int | None, scheduler_block_size: int,
         # (0.30+ let 0 through: it changes nothing then.)
         if interval == 0 and shape.thins_mamba:
             return
+        kinds = "sliding-window or Mamba" if shape.thins_mamba else "sliding-window"
         raise ValueError(
-            f"prefix_cache_retention_interval={interval}: the model has no group for it "
-            "to thin out" + (" (only 0 or None apply)" if shape.thins_mamba else ""))
+            f"prefix_cache_retention_interval={interval}: the model has no {kinds} group "
+            "for it to thin out" + (" (only 0 or None apply)" if shape.thins_mamba else ""))
     if interval < 0 or interval % scheduler_block_size:
         raise ValueError(
             f"prefix_cache_retention_interval={interval} must be non-negative and a "
