@@ -37,7 +37,7 @@ from impl.managers.mamba import MambaManager
 from impl.math_utils import cdiv
 from impl.profiles import ExternalBlocksOrder, VersionProfile
 from impl.request import Request
-from impl.retention import replay_boundaries, validate_retention_interval
+from impl.retention import replay_boundaries, thinned_kinds, validate_retention_interval
 
 PerGroup = tuple[Sequence[KVCacheBlock], ...]
 _NO_HIT_BLOCKS: tuple = ()
@@ -104,8 +104,14 @@ class KVCacheCoordinator:
         interval = kv_cache_config.prefix_cache_retention_interval
         if interval is not None and not profile.prefix_cache_retention:
             raise ValueError(f"vLLM {profile.name} has no prefix_cache_retention_interval")
-        validate_retention_interval(interval, self.scheduler_block_size, specs)
+        shape = profile.prefix_cache_retention
+        validate_retention_interval(interval, self.scheduler_block_size, specs, shape)
         self.retention_interval = interval
+        # Each group's interval: the kinds the release does not thin key densely.
+        thinned = thinned_kinds(shape)
+        self._group_intervals = tuple(
+            interval if isinstance(m.kv_cache_spec, thinned) else None
+            for m in self.single_type_managers)
 
     # -- allocation ---------------------------------------------------------------
 
@@ -188,16 +194,15 @@ class KVCacheCoordinator:
         if self.retention_interval is None:
             return ()
         return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size,
-                                 bool(self.eagle_group_ids))
+                                 bool(self.eagle_group_ids), self.profile.prefix_cache_retention)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        interval = self.retention_interval
         boundaries = self._replay_boundaries(request)
         for group_id, manager in enumerate(self.single_type_managers):
             if manager.enable_caching:
                 manager.cache_blocks(
                     request, self.get_num_cacheable_tokens(num_computed_tokens, group_id),
-                    interval, boundaries)
+                    self._group_intervals[group_id], boundaries)
 
     def _each(self, method: str, *args) -> None:
         """Call `method` with `args` on every group's manager."""
@@ -326,7 +331,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         if self.manager.enable_caching:
             self.manager.cache_blocks(
                 request, max(0, num_computed_tokens - self.num_reprefillable_tokens),
-                self.retention_interval, self._replay_boundaries(request))
+                self._group_intervals[0], self._replay_boundaries(request))
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens,
                               num_prompt_tokens=None) -> None:

@@ -17,8 +17,11 @@ from impl.profiles import PromptTailBoundary
 def get_mamba_prefill_checkpoint_position(
         num_tokens: int, hash_block_size: int, drop_eagle_block: bool,
         num_hash_lookahead_tokens: int = 0,
-        rule: PromptTailBoundary = PromptTailBoundary.BEFORE_LAST_TOKEN) -> int:
-    """The last grid boundary a request of `num_tokens` tokens can hit (0: none)."""
+        rule: PromptTailBoundary = PromptTailBoundary.BEFORE_LAST_TOKEN,
+        eagle_holds_last_token: bool = False) -> int:
+    """The last grid boundary a request of `num_tokens` tokens can hit (0: none).
+    `eagle_holds_last_token`: 0.31's checkpoints keep the last token back
+    under EAGLE too, before dropping the unit."""
     # Without EAGLE one token must stay to recompute (0.32+: the rule), and
     # the lookahead tokens that prove the boundary's hash; EAGLE's dropped
     # unit leaves tokens to recompute (and to hash) by itself.
@@ -27,6 +30,8 @@ def get_mamba_prefill_checkpoint_position(
         held_back = num_hash_lookahead_tokens
         if rule is PromptTailBoundary.BEFORE_LAST_TOKEN:
             held_back = max(1, held_back)
+    elif eagle_holds_last_token:
+        held_back = 1
     provable = num_tokens - held_back
     position = provable - provable % hash_block_size
     if drop_eagle_block:

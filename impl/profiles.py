@@ -273,6 +273,51 @@ class UnifyPadsPages(str, Enum):
         return self is not UnifyPadsPages.NEVER
 
 
+class PrefixCacheRetention(str, Enum):
+    """How a release takes a prefix-cache retention interval (sparse
+    checkpoints of the groups that need few blocks for a hit, §9.2.1)."""
+
+    # 0.17-0.22 (and 0.29, whose shape is not modelled): none.
+    NONE = "none"
+    # 0.23-0.28 (where vLLM reads the interval from its environment, the
+    # adapter's table says): only sliding-window groups thin out, any
+    # interval (0 too) is refused for a model without one, and the only
+    # reachable boundary kept is the prompt's (its last token recomputed).
+    SLIDING_WINDOW_ONLY = "sliding_window_only"
+    # 0.30+: KVCacheConfig.prefix_cache_retention_interval; sliding-window and
+    # Mamba groups thin out, 0 is accepted for a model without either, and
+    # the replay boundaries (two under EAGLE) are kept.
+    KV_CACHE_CONFIG = "kv_cache_config"
+
+    def __bool__(self) -> bool:
+        return self is not PrefixCacheRetention.NONE
+
+    @property
+    def thins_mamba(self) -> bool:
+        return self is PrefixCacheRetention.KV_CACHE_CONFIG
+
+
+class MambaPrefillCheckpoints(str, Enum):
+    """Mamba "align" groups with prefill checkpoint blocks (a state exported
+    inside a prefill chunk into the block before the running one, §9.4.2)."""
+
+    # 0.17-0.30 (older shapes in 0.29-0.30): none.
+    NONE = "none"
+    # 0.31: the checkpoint lies on the hash-block grid, (chunk end - 1)
+    # rounded down, one unit lower under EAGLE; a checkpoint step takes its
+    # scratch blocks anew and moves none; a chunk's checkpoint is dropped
+    # only under retention 0 before the prompt's end.
+    HASH_GRID = "hash_grid"
+    # 0.32+: on the cache-hit alignment grid, under EAGLE the chunk end rounded
+    # down less one unit; a checkpoint step moves its scratch blocks along
+    # but the one in the checkpoint column; a checkpoint no retention mask
+    # keeps is dropped.
+    ALIGNMENT_GRID = "alignment_grid"
+
+    def __bool__(self) -> bool:
+        return self is not MambaPrefillCheckpoints.NONE
+
+
 class EagleDropGroups(str, Enum):
     """Which KV cache groups drop the last matched unit of a prefix hit for
     an EAGLE / MTP drafter (specs/KV_CACHE_MANAGER.md section 15).
@@ -365,12 +410,10 @@ class VersionProfile:
     # Hybrid layer grouping: when the largest per-kind layer count is below
     # this times the smallest, every group takes the largest count (padding).
     uniform_group_pad_ratio: float
-    # Mamba "align" groups with prefill checkpoint blocks (a state exported
-    # inside a prefill chunk); 0.17's MambaSpec has no such field.
-    mamba_prefill_checkpoints: bool
-    # KVCacheConfig.prefix_cache_retention_interval, replay boundaries and
-    # sparse sliding-window / Mamba checkpoints; absent in 0.17.
-    prefix_cache_retention: bool
+    # Mamba "align" groups with prefill checkpoint blocks, in which shape.
+    mamba_prefill_checkpoints: MambaPrefillCheckpoints
+    # How a prefix-cache retention interval is taken and what it thins out.
+    prefix_cache_retention: PrefixCacheRetention
     # take_boundary_state_offloads / finalize_partial_tail_offloads (a
     # connector told which Mamba block holds which boundary state).
     boundary_state_offloads: bool
@@ -482,8 +525,8 @@ def _profiles() -> dict[str, VersionProfile]:
         kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY,
         unify_pads_pages=UnifyPadsPages.NEVER,
         uniform_group_pad_ratio=1.25,
-        mamba_prefill_checkpoints=False,
-        prefix_cache_retention=False,
+        mamba_prefill_checkpoints=MambaPrefillCheckpoints.NONE,
+        prefix_cache_retention=PrefixCacheRetention.NONE,
         boundary_state_offloads=False,
         mamba_release_lags_speculative_blocks=True,
         rswa_groups=False,
@@ -515,7 +558,8 @@ def _profiles() -> dict[str, VersionProfile]:
          free_order=FreeOrder.UNHASHED_FIRST_ON_SKIP,
          sliding_window_sparse_caching=SlidingWindowSparseCaching.ALL,
          admission_controls=AdmissionControls.RESERVED_BLOCKS,
-         sink_groups_buildable=False)
+         sink_groups_buildable=False,
+         prefix_cache_retention=PrefixCacheRetention.SLIDING_WINDOW_ONLY)
     then("0.24",
          kv_events_map_layout=True,
          free_order=FreeOrder.UNHASHED_FIRST,
@@ -545,23 +589,25 @@ def _profiles() -> dict[str, VersionProfile]:
          none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
          block_sizes_rule=BlockSizesRule.LCM_GCD,
          kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
-         circular_buffer_groups=True)
+         circular_buffer_groups=True,
+         prefix_cache_retention=PrefixCacheRetention.NONE)
     then("0.30",
          sink_blocks_reserved=False,
          mamba_skip_steps_over_nulls=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
          sparse_mla_groups=True,
-         prefix_cache_retention=True,
+         prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
          boundary_state_offloads=True)
     then("0.31",
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
          allocate_adopts_hit_without_new_tokens=True,
-         mamba_blocks_capped=True)
+         mamba_blocks_capped=True,
+         mamba_prefill_checkpoints=MambaPrefillCheckpoints.HASH_GRID)
     then("0.32",
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
-         mamba_prefill_checkpoints=True,
+         mamba_prefill_checkpoints=MambaPrefillCheckpoints.ALIGNMENT_GRID,
          hisparse=True,
          eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
          offload_cpu_tier=True,

@@ -167,8 +167,9 @@ class VllmWorkerTables:
             out.append(slots.numpy())
         return out
 
-    def kernel_table(self, group: int, num_reqs: int) -> np.ndarray:
+    def kernel_table(self, group: int, num_reqs: int, cols: int) -> np.ndarray:
         table = self.tables[group]
         table.commit_block_table(num_reqs)
-        mapped = self._groups[group].map_to_kernel_block_table(table.get_device_tensor(num_reqs))
+        used = table.get_device_tensor(num_reqs)[:, :cols]
+        mapped = self._groups[group].map_to_kernel_block_table(used)
         return mapped.numpy().copy()

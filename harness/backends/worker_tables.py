@@ -129,7 +129,7 @@ class ImplWorkerTables:
             out.append(table.compute_slot_mapping(num_reqs, query_start_loc, positions))
         return out
 
-    def kernel_table(self, group: int, num_reqs: int) -> np.ndarray:
+    def kernel_table(self, group: int, num_reqs: int, cols: int) -> np.ndarray:
         table = self.tables[group]
-        return kernel_blocks.kernel_block_table(table.table[:num_reqs], table.block_size,
+        return kernel_blocks.kernel_block_table(table.table[:num_reqs, :cols], table.block_size,
                                   self.layout.kernel_block_sizes[group])

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from harness.backends.vllm_api import api_for
 from harness.core import kinds
 from harness.peer import features as F
 from harness.peer import fetch
@@ -23,7 +24,10 @@ from impl.profiles import get_profile
 
 # The profile of the release whose tests run (run.py sets it, having checked
 # the release has one); else that of the vLLM this process imports.
-PROFILE = get_profile(os.environ.get(fetch.PROFILE_ENV) or fetch.installed_vllm_version())
+_VERSION = os.environ.get(fetch.PROFILE_ENV) or fetch.installed_vllm_version()
+PROFILE = get_profile(_VERSION)
+# How the running release is called (harness/backends/vllm_api.py).
+_API = api_for(_VERSION)
 
 # -- specs --------------------------------------------------------------------------
 
@@ -219,11 +223,21 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
         groups = tuple(checks.run(to_impl_group, g) for g in config.kv_cache_groups)
     return ispec.KVCacheConfig(
         num_blocks=config.num_blocks, kv_cache_groups=groups,
-        prefix_cache_retention_interval=getattr(config, "prefix_cache_retention_interval",
-                                                None),
+        prefix_cache_retention_interval=_retention_interval(config),
         hisparse_host_num_blocks=getattr(config, "hisparse_host_num_blocks", None),
         # vLLM's config answers it by a property of its own: impl's rule here.
         needs_kv_cache_zeroing=isizing.needs_kv_cache_zeroing(groups))
+
+
+def _retention_interval(config) -> int | None:
+    """The retention interval where the running release takes it: its
+    KVCacheConfig (0.30+), or the engine's environment (0.23-0.28, read as its
+    coordinator does, when the manager is built)."""
+    if _API.retention_interval_from == "env":
+        from vllm import envs
+
+        return getattr(envs, "VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)
+    return getattr(config, "prefix_cache_retention_interval", None)
 
 
 def to_impl_specs(specs: Mapping[str, object]) -> dict[str, object]:

@@ -79,8 +79,10 @@ def _entries():
     # impl's own helper, same signature.
     wanted.append(("vllm.v1.core.kv_cache_utils", "null_head_len", iblock.null_head_len))
     # Mamba prefill checkpoint helpers: impl's own, same signature.
-    for name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
-        wanted.append(("vllm.v1.kv_cache_interface", name, getattr(imc, name)))
+    wanted.append(("vllm.v1.kv_cache_interface", "get_mamba_prefill_checkpoint_position",
+                   single_type.get_mamba_prefill_checkpoint_position))
+    wanted.append(("vllm.v1.kv_cache_interface", "is_mamba_prefill_checkpoint_valid",
+                   imc.is_mamba_prefill_checkpoint_valid))
     wanted.extend(worker.REBOUND)
     pairs = []
     for module_name, name, adapter in wanted:
@@ -120,13 +122,13 @@ def rebind_vllm_callers() -> None:
     """Point the Scheduler's and model runner's checkpoint helpers at impl's,
     and the model runner's input batch at impl's worker block tables."""
     import impl.mamba_checkpoint as imc
-    from harness.peer.adapters import worker
+    from harness.peer.adapters import single_type, worker
     from harness.peer.instrument import release_module
 
     for module_name, name in _CALLER_HELPERS:
         module = release_module(module_name)
         if module is not None:  # an older release may not have it
-            setattr(module, name, getattr(imc, name))
+            setattr(module, name, getattr(single_type, name, None) or getattr(imc, name))
     for module_name, name, adapter in worker.CALLERS:
         module = release_module(module_name)
         if module is not None and hasattr(module, name):

@@ -44,7 +44,7 @@ from impl.managers.base import (
     TailOffer,
 )
 from impl.math_utils import cdiv
-from impl.profiles import MambaPartialTailRekey, PromptTailBoundary
+from impl.profiles import MambaPartialTailRekey, MambaPrefillCheckpoints, PromptTailBoundary
 from impl.request import Request
 
 # (request, group, block, boundary tokens): a state a connector may save.
@@ -67,6 +67,10 @@ class MambaManager(SingleTypeKVCacheManager):
             raise ValueError(f"vLLM {profile.name} has no Mamba prefill checkpoint blocks")
         self.has_prefill_checkpoint_blocks = (
             self._align and kv_cache_spec.num_prefill_checkpoint_blocks > 0)
+        # 0.31's checkpoints: on the hash grid, scratch blocks taken anew in a
+        # checkpoint step, dropped only under retention 0 (profile field).
+        self._hash_grid_checkpoints = (
+            profile.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID)
         # Releases run this many tokens behind the computed count (0.17).
         self._release_lag = (self.num_speculative_blocks
                              if profile.mamba_release_lags_speculative_blocks else 0)
@@ -195,7 +199,8 @@ class MambaManager(SingleTypeKVCacheManager):
             # checkpoint block; scratch blocks only the first time (later
             # steps move the old ones along).
             cap = 1 + copying + (checkpoint is not None)
-            if request_id not in self.allocated_requests:
+            if request_id not in self.allocated_requests or self._fresh_scratch(
+                    checkpoint is not None):
                 cap += scratch
             # Before 0.31 the count is that whatever is missing.
             short = min(short, cap) if self._profile.mamba_blocks_capped else cap
@@ -208,9 +213,7 @@ class MambaManager(SingleTypeKVCacheManager):
         [start, end) exports, or None."""
         if not self.has_prefill_checkpoint_blocks or end < prefill_end:
             return None
-        position = get_mamba_prefill_checkpoint_position(
-            end, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block,
-            self.block_pool.num_hash_lookahead_tokens)
+        position = self._checkpoint_position(end)
         if not position or not is_mamba_prefill_checkpoint_valid(
                 start, end, position, self.block_pool.hash_block_size, self.block_size,
                 self.kv_cache_spec.prefill_checkpoint_alignment):
@@ -226,6 +229,19 @@ class MambaManager(SingleTypeKVCacheManager):
                     and index >= len(table) - self.num_speculative_blocks)):
             return position, index
         return None
+
+    def _checkpoint_position(self, num_tokens: int) -> int:
+        """The checkpoint boundary of a chunk (or prompt) ending at `num_tokens`."""
+        hash_grid = self._hash_grid_checkpoints
+        grid = self.block_pool.hash_block_size if hash_grid else self.cache_hit_alignment_tokens
+        return get_mamba_prefill_checkpoint_position(
+            num_tokens, grid, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens, eagle_holds_last_token=hash_grid)
+
+    def _fresh_scratch(self, checkpoint: bool) -> bool:
+        """Whether a started request's step takes its scratch blocks anew
+        (0.31, a checkpoint step: the old ones stay where they are)."""
+        return checkpoint and self._hash_grid_checkpoints
 
     # -- growing the table ------------------------------------------------------------
 
@@ -256,7 +272,7 @@ class MambaManager(SingleTypeKVCacheManager):
         first_real = running - checkpoint
         if before < running and before < first_real:
             table += [self._null_block] * (first_real - before)
-        if started:
+        if started and not self._fresh_scratch(checkpoint):
             # Scratch blocks the new state position leaves behind move to the
             # end; one in the checkpoint column stays (the state goes there).
             for index in range(before - scratch, before):
@@ -266,7 +282,8 @@ class MambaManager(SingleTypeKVCacheManager):
         short = wanted - len(table)
         if short < 0:
             short = 0
-        cap = 1 + checkpoint + (0 if started else scratch)
+        cap = 1 + checkpoint + (scratch if not started or self._fresh_scratch(checkpoint)
+                                else 0)
         if due is not None:
             short += 1
             cap += 1
@@ -401,11 +418,11 @@ class MambaManager(SingleTypeKVCacheManager):
         there is one, else the prompt's tail state."""
         reserved = self.prefill_checkpoints.get(request.request_id)
         if reserved is not None:
-            return self._key_checkpoint(request, *reserved, retention_interval)
+            return self._key_checkpoint(request, *reserved, retention_interval, num_tokens)
         return self._key_prompt_state(request, num_tokens)
 
     def _key_checkpoint(self, request: Request, position: int, index: int,
-                        retention_interval: Interval) -> bytes | None:
+                        retention_interval: Interval, num_tokens: int) -> bytes | None:
         """The reserved block holds the state at `position`: keep it findable
         there if a later request can resume at it, else make it unfindable
         (the full-block pass may just have keyed it for its block end)."""
@@ -417,10 +434,13 @@ class MambaManager(SingleTypeKVCacheManager):
         alignment = self.cache_hit_alignment_tokens
         # The prompt's final chunk caches up to a block boundary only, so
         # compare with the prompt's own checkpoint, not with num_tokens.
-        reusable = position == get_mamba_prefill_checkpoint_position(
-            request.num_prompt_tokens, alignment, self.drop_eagle_checkpoint_block,
-            self.block_pool.num_hash_lookahead_tokens)
-        if not reusable and position % self.block_size == 0:
+        reusable = position == self._checkpoint_position(request.num_prompt_tokens)
+        if self._hash_grid_checkpoints:
+            # 0.31 drops a chunk's checkpoint only under retention 0, and
+            # not once the prompt is cached.
+            reusable = reusable or retention_interval != 0 or (
+                num_tokens >= request.num_prompt_tokens)
+        elif not reusable and position % self.block_size == 0:
             state = position // self.block_size - 1
             mask = self.reachable_block_mask(state, state + 1, alignment, self.kv_cache_spec,
                                              self.drop_eagle_checkpoint_block,

@@ -9,6 +9,7 @@ from harness.peer import features as F
 from harness.peer.adapters import pool as _pool  # noqa: F401  (registers the pool adapters)
 from harness.peer.adapters.base import ADAPTER_FOR, Adapter, UnwrappingDict, register, unwrap
 from harness.peer.lacks import ImplLacks
+from impl import mamba_checkpoint
 from impl import managers as imanagers
 from impl.managers import base as ibase
 from impl.managers import (
@@ -22,6 +23,7 @@ from impl.managers import (
     sink_full_attention,
     sliding_window,
 )
+from impl.profiles import MambaPrefillCheckpoints
 
 
 class _Manager(Adapter):
@@ -163,6 +165,19 @@ HiSparseResidentManager = _manager(hisparse.HiSparseResidentManager, "HiSparseRe
 
 CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "CircularBufferManager")
 RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
+
+
+_EAGLE_HOLDS_LAST_TOKEN = (
+    convert.PROFILE.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID)
+
+
+def get_mamba_prefill_checkpoint_position(num_tokens, hash_block_size, drop_eagle_block,
+                                          *args, **kwargs):
+    """vLLM's helper as the running release computes it (0.31 keeps the last
+    token back under EAGLE too): impl's, with the profile's shape."""
+    return mamba_checkpoint.get_mamba_prefill_checkpoint_position(
+        num_tokens, hash_block_size, drop_eagle_block, *args,
+        eagle_holds_last_token=_EAGLE_HOLDS_LAST_TOKEN, **kwargs)
 
 
 def _hit_reports_tokens() -> bool:
