@@ -12,7 +12,6 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from harness.backends.vllm_api import api_for
 from harness.core import kinds
 from harness.peer import features as F
 from harness.peer import fetch
@@ -20,14 +19,12 @@ from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_sizing as isizing
 from impl import kv_cache_spec as ispec
 from impl import request as ireq
-from impl.profiles import get_profile
+from impl.profiles import PrefixCacheRetention, get_profile
 
 # The profile of the release whose tests run (run.py sets it, having checked
 # the release has one); else that of the vLLM this process imports.
 _VERSION = os.environ.get(fetch.PROFILE_ENV) or fetch.installed_vllm_version()
 PROFILE = get_profile(_VERSION)
-# How the running release is called (harness/backends/vllm_api.py).
-_API = api_for(_VERSION)
 
 # -- specs --------------------------------------------------------------------------
 
@@ -232,8 +229,9 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
 def _retention_interval(config) -> int | None:
     """The retention interval where the running release takes it: its
     KVCacheConfig (0.30+), or the engine's environment (0.23-0.28, read as its
-    coordinator does, when the manager is built)."""
-    if _API.retention_interval_from == "env":
+    coordinator does, when the manager is built). The profile's shape says
+    which: the environment is the sliding-window-only shape's source."""
+    if PROFILE.prefix_cache_retention is PrefixCacheRetention.SLIDING_WINDOW_ONLY:
         from vllm import envs
 
         return getattr(envs, "VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)
