@@ -76,8 +76,10 @@ class VllmPoolChecker:
         get_new, touch, free = pool.get_new_blocks, pool.touch, pool.free_blocks
         null = pool.null_block
 
-        def get_new_blocks(n):
-            blocks = get_new(n)
+        # Each wrapper takes what the release's method takes (0.23's
+        # free_blocks has `prepend`), the blocks being all it reads.
+        def get_new_blocks(n, *args, **kwargs):
+            blocks = get_new(n, *args, **kwargs)
             touched.extend(blocks)
             if any(b is null for b in blocks):
                 self._handed_null = True
@@ -88,10 +90,10 @@ class VllmPoolChecker:
             touched.extend(blocks)
             return touch(blocks)
 
-        def free_blocks(blocks):
+        def free_blocks(blocks, *args, **kwargs):
             blocks = list(blocks)
             touched.extend(blocks)
-            return free(blocks)
+            return free(blocks, *args, **kwargs)
 
         pool.get_new_blocks, pool.touch, pool.free_blocks = get_new_blocks, touch_, free_blocks
 

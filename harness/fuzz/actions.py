@@ -23,6 +23,12 @@ class New:
     encoder_tokens: int = 0
     # kv_cache_report_mode "full": hits are announced again as KV events.
     full_report: bool = False
+    # Multimodal items: (identifier, offset, length), sorted and disjoint,
+    # inside the prompt; they key the hashes of the blocks they overlap.
+    mm: tuple[tuple[str, int, int], ...] = ()
+    # Prompt embeddings (the seed of harness/core/events.PromptEmbeds):
+    # the prompt's token ids are then zeros and the embeddings key its blocks.
+    embeds_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

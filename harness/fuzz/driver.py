@@ -56,6 +56,8 @@ from harness.core.events import (
     HiSparseStep,
     Lookup,
     LoRA,
+    MMFeature,
+    PromptEmbeds,
     RecordStats,
     ResetPrefixCache,
     Step,
@@ -83,6 +85,10 @@ from impl.mamba_checkpoint import (
     is_mamba_prefill_checkpoint_valid,
 )
 from impl.profiles import StatsRecordedAt, VersionProfile
+
+# Values per token of a fuzzed request's prompt embeddings (few: only their
+# bytes reach the hashes).
+EMBEDS_DIM = 4
 
 
 class _Status(Enum):
@@ -230,6 +236,9 @@ class Driver:
                                     encoder_tokens=a.encoder_tokens)
             call(AddRequest(f"r{a.req}", list(a.prompt), cache_salt=a.cache_salt,
                             lora=_lora(a.lora) if a.lora else None,
+                            mm=tuple(MMFeature(*m) for m in a.mm),
+                            prompt_embeds=(None if a.embeds_seed is None
+                                           else PromptEmbeds(EMBEDS_DIM, a.embeds_seed)),
                             kv_cache_report_mode="full" if a.full_report else "incremental"))
         elif isinstance(a, Schedule):
             self._schedule(a)

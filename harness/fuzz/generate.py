@@ -53,6 +53,11 @@ class FuzzConfig:
     # Requests asking for full KV reports (hits re-announced as events); 0
     # draws nothing, so seeded programs of configs without it stay as they were.
     p_full_report: float = 0.0
+    # Requests with multimodal items (a document's own layout of items,
+    # mostly, so that requests sharing a prefix share its items and hit),
+    # and requests with prompt embeddings; 0 as above.
+    p_mm: float = 0.0
+    p_prompt_embeds: float = 0.0
     # Attention kinds / hybrids a case is drawn from (harness/fuzz/configs.py).
     kinds: tuple[str, ...] = ("full_attention",)
     weights: dict = field(default_factory=lambda: {
@@ -161,6 +166,20 @@ def _draw_config(rng: random.Random, fc: FuzzConfig) -> tuple[int, str, CacheCon
                                        hash_seed, caching, 1 << 14)
 
 
+def _items(rng: random.Random, length: int, bs: int) -> tuple[tuple[str, int, int], ...]:
+    """Up to three multimodal items over `length` tokens, sorted and
+    disjoint: identifiers from a small set (equal ones at equal places hit),
+    spans inside a block, across a boundary, or whole blocks."""
+    items, pos = [], rng.randrange(max(1, bs))
+    for _ in range(rng.randint(1, 3)):
+        span = rng.choice((1, 2, bs, bs + 1, 2 * bs))
+        if pos + span > length:
+            break
+        items.append((f"img-{rng.randrange(3)}", pos, span))
+        pos += span + rng.choice((0, 1, bs))
+    return tuple(items)
+
+
 # The ops a program draws, each by its `_Program._<op>` method.
 _OPS = ("new", "schedule", "sample", "finish", "preempt", "finish_load", "ack", "reset",
         "evict", "step", "observe")
@@ -183,12 +202,15 @@ class _Program:
         self.actions: list[Action] = []
         self.created: list[int] = []
         self.docs: list[list[int]] = []
+        self.doc_items: list[tuple[tuple[str, int, int], ...]] = []
 
     def draw(self, max_ops: int) -> list[Action]:
         rng, fc = self.rng, self.fc
         self.docs = [[rng.randrange(fc.vocab) for _ in range(fc.max_prompt_blocks * self.bs
                                                              + self.bs)]
                      for _ in range(fc.documents)]
+        if fc.p_mm > 0:  # drawn only then: other configs keep their programs
+            self.doc_items = [_items(rng, len(d), self.bs) for d in self.docs]
         ops = list(fc.weights)
         weights = [fc.weights[k] for k in ops]
         for _ in range(rng.randint(1, max_ops)):
@@ -211,8 +233,16 @@ class _Program:
         rng, fc, bs = self.rng, self.fc, self.bs
         n_blocks = rng.randint(0, fc.max_prompt_blocks)
         cut = max(1, n_blocks * bs + rng.choice((0, 0, 0, 1, -1)))
-        prompt = self.docs[rng.randrange(len(self.docs))][:cut] + [
+        doc = rng.randrange(len(self.docs))
+        prompt = self.docs[doc][:cut] + [
             rng.randrange(fc.vocab) for _ in range(rng.choice((0, 0, 1, bs, 2 * bs)))]
+        mm: tuple[tuple[str, int, int], ...] = ()
+        if fc.p_mm > 0 and rng.random() < fc.p_mm:
+            layout = (self.doc_items[doc] if rng.random() < 0.8
+                      else _items(rng, len(prompt), bs))
+            mm = tuple(m for m in layout if m[1] + m[2] <= len(prompt))
+        embeds = (rng.randrange(3) if fc.p_prompt_embeds > 0
+                  and rng.random() < fc.p_prompt_embeds else None)
         self.created.append(len(self.created))
         self.actions.append(New(
             self.created[-1], tuple(prompt or [0]),
@@ -220,6 +250,7 @@ class _Program:
             lora=rng.randint(1, 2) if rng.random() < fc.p_lora else None,
             encoder_tokens=rng.choice((1, bs, 3 * bs + 1, 50)) if self.encoder else 0,
             full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
+            mm=mm, embeds_seed=embeds,
         ))
 
     def _schedule(self) -> None:

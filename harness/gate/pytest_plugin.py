@@ -53,6 +53,9 @@ def pytest_addoption(parser):
     group.addoption("--kvconform-fuzz-seed", type=int, default=0)
     group.addoption("--kvconform-fuzz-out", default="fuzz-findings",
                     help="where fuzz findings are written")
+    group.addoption("--kvconform-core-coverage", default=None, metavar="DIR",
+                    help="measure the branches of vLLM's KV core each fuzz slice "
+                         "reaches, a coverage data file per slice in DIR")
     group.addoption("--kvconform-no-attention", action="store_true",
                     help="leave out the attention differential of traces with a model header")
     group.addoption("--kvconform-backend", default="impl",
@@ -359,6 +362,12 @@ class FuzzItem(_CaseItem):
     seconds: float = 0.0
 
     def _run(self):
+        from harness.fuzz.core_coverage import measured
+
+        with measured(self.config.option.kvconform_core_coverage, self.name):
+            return self._slice()
+
+    def _slice(self):
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.core.exit_codes import ExitCode
         from harness.fuzz.campaign import MIN_CASES

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.exit_codes import ExitCode
+from harness.fuzz.core_coverage import CoreBranches, combined
 from harness.gate.cases import ROOT, TRACES_DIR, Case, gate_exit_code
 
 
@@ -106,7 +108,7 @@ def coverage_line(cases: list[Case], backend: str) -> str:
 
 
 def format_summary(cases: list[Case], seconds: float, against: Against,
-                   backend: str = "impl") -> str:
+                   backend: str = "impl", branches: CoreBranches | None = None) -> str:
     failed = [c for c in cases if c.exit_code != ExitCode.OK and not c.not_run_here]
     skipped = [c for c in cases if c.not_run_here]
     head = "✅ conformant" if not failed else f"❌ {len(failed)} of {len(cases)} cases failed"
@@ -116,6 +118,7 @@ def format_summary(cases: list[Case], seconds: float, against: Against,
              f"{against.describe()}; {len(cases)} cases, "
              f"{sum(c.events for c in cases):,} events checked in {seconds:.0f} s.", "",
              *([coverage_line(cases, backend) + ".", ""] if backend != "impl" else []),
+             *([branches.line() + ".", ""] if branches is not None else []),
              "| case | kind | mode | events | seconds | result |",
              "|---|---|---|---:|---:|---|"]
     for c in cases:
@@ -169,9 +172,12 @@ def write_junit(path: str, named: list[tuple[str, Case]], seconds: float,
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def cases_json(cases: list[Case], seconds: float, against: Against, code: ExitCode) -> dict:
+def cases_json(cases: list[Case], seconds: float, against: Against, code: ExitCode,
+               branches: CoreBranches | None = None) -> dict:
     """The run as data (`kvconform gate --json FILE`; make matrix reads it)."""
     return {
+        "core_branches": None if branches is None else {
+            "covered": branches.covered, "total": branches.total, "slices": branches.slices},
         "vllm": against.vllm_version, "profile": against.profile,
         "profile_releases": against.profile_releases, "unverified_profile": against.unverified,
         "seconds": round(seconds, 3), "exit_code": int(code),
@@ -198,7 +204,13 @@ def installed_against() -> Against:
 def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: str,
              junit: str | None, summary: str | None, jobs: str, workloads: bool = True,
              attention: bool = True, json_out: str | None = None,
-             backend: str = "impl", page: str | None = None) -> ExitCode:
+             backend: str = "impl", page: str | None = None,
+             core_coverage: bool | str = True) -> ExitCode:
+    """The gate's cases (the traces under `paths`, the workloads, a fuzz of
+    `fuzz_seconds`) under pytest; the exit code gates the merge.
+    `core_coverage`: measure the fuzz slices' reach into vLLM's KV
+    core (True: in a scratch folder; a folder: kept there, with an HTML
+    report in its html/; False: not measured)."""
     from harness.backends.vllm_check import check_vllm
     from harness.core.exit_codes import fail
 
@@ -225,10 +237,22 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
         args.append(f"--kvconform-backend={backend}")
     if jobs != "1":
         args += ["-n", jobs]
+    # Each fuzz slice's reach into vLLM's KV core, combined for the summary.
+    kept = core_coverage if isinstance(core_coverage, str) else None
+    scratch = tempfile.TemporaryDirectory(prefix="kvconform-core-") if (
+        core_coverage is True and fuzz_seconds > 0) else None
+    data_dir = kept or (scratch.name if scratch is not None else None)
+    if data_dir is not None:
+        args.append(f"--kvconform-core-coverage={data_dir}")
     collector = _Collector()
     t0 = time.perf_counter()
     rc = pytest.main(args, plugins=[collector])
     seconds = time.perf_counter() - t0
+    branches = None
+    if data_dir is not None:
+        branches = combined(data_dir, os.path.join(kept, "html") if kept else None)
+    if scratch is not None:
+        scratch.cleanup()
     order = sorted(collector.cases, key=lambda n: (collector.cases[n].kind != "trace",
                                                    collector.cases[n].name,
                                                    collector.cases[n].mode))
@@ -242,19 +266,21 @@ def run_gate(paths: list[str], fuzz_seconds: float, fuzz_seed: int, fuzz_out: st
     print(format_table(cases, against))
     if backend != "impl":
         print(coverage_line(cases, backend))
+    if branches is not None:
+        print(branches.line())
     for c in cases:
         if c.exit_code != ExitCode.OK or c.truncated:
             print(f"\n{c.name} ({c.mode}):\n{c.report}")
     code = gate_exit_code(cases)
     if summary:
-        Path(summary).write_text(format_summary(cases, seconds, against, backend))
+        Path(summary).write_text(format_summary(cases, seconds, against, backend, branches))
     if junit:
         write_junit(junit, [(collector.item_names[n], collector.cases[n]) for n in order],
                     seconds, against)
     if page:
         write_page(page, cases, against, backend)
     if json_out:
-        Path(json_out).write_text(json.dumps(cases_json(cases, seconds, against, code),
+        Path(json_out).write_text(json.dumps(cases_json(cases, seconds, against, code, branches),
                                              indent=1) + "\n")
     return code
 

@@ -1,5 +1,6 @@
 """The gate: exit codes, JUnit, summary; parallel results equal serial ones."""
 
+import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -51,6 +52,9 @@ def test_gate_fails_on_an_edited_answer_and_names_it(tmp_path, capsys):
     assert cases["salted-requests.yaml"].find("failure") is None
     text = summary.read_text()
     assert "1 of" in text and "DIVERGED" in text and where in text
+    # The fuzz slices' reach into vLLM's KV core, in the summary.
+    reached = re.search(r"vLLM KV core branch coverage .*: ([\d,]+) of ([\d,]+) branches", text)
+    assert reached and 0 < int(reached[1].replace(",", "")) < int(reached[2].replace(",", ""))
 
 
 def test_parallel_gate_equals_serial(tmp_path, capsys):

@@ -208,3 +208,25 @@ def test_a_bug_vllm_no_longer_shows_is_fixed_in_the_release(tmp_path):
          "link": "https://example.invalid/bug"}))
     case = run_trace(str(tmp_path / "bug.jsonl"))
     assert case.verdict.startswith("fixed in ") and case.exit_code == ExitCode.OK
+
+
+def test_the_watch_passes_on_what_a_release_s_pool_methods_take():
+    # 0.23's free_blocks takes `prepend`: a watch that dropped it (or refused
+    # it, as one did) turns every such free into "vLLM is wrong".
+    from types import SimpleNamespace
+
+    from harness.backends.vllm_invariants import VllmPoolChecker
+
+    calls = []
+    pool = SimpleNamespace(
+        null_block=object(),
+        get_new_blocks=lambda n, *a, **k: calls.append(("get", n, a, k)) or [],
+        touch=lambda blocks: calls.append(("touch", list(blocks))),
+        free_blocks=lambda blocks, prepend=False: calls.append(("free", list(blocks),
+                                                                prepend)))
+    watch = SimpleNamespace(_touched=[], _handed_null=False)
+    VllmPoolChecker._wrap(watch, pool)
+    pool.free_blocks(["b1", "b2"], prepend=True)
+    pool.get_new_blocks(3)
+    assert calls == [("free", ["b1", "b2"], True), ("get", 3, (), {})]
+    assert watch._touched == ["b1", "b2"]

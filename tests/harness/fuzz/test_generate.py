@@ -29,3 +29,25 @@ def test_config_file_keys_are_checked():
     assert FuzzConfig.from_dict({"weights": {"reset": 5}}).weights["new"] == 14
     with pytest.raises(ValueError, match="unknown fuzz config key"):
         FuzzConfig.from_dict({"blok_sizes": [8]})
+
+
+def test_multimodal_requests_share_their_documents_items():
+    from harness.fuzz.slices import load_kind_config
+
+    fc = load_kind_config("multimodal")
+    news = [a for i in range(200) for a in draw_case(case_rng(2, i), fc, 40)[1]
+            if isinstance(a, New)]
+    with_mm = [a for a in news if a.mm]
+    assert with_mm and any(a.embeds_seed is not None for a in news)
+    for a in with_mm:  # sorted, disjoint, inside the prompt
+        ends = [0]
+        for _, offset, length in a.mm:
+            assert offset >= ends[-1] and length >= 1
+            ends.append(offset + length)
+        assert ends[-1] <= len(a.prompt)
+    # Requests sharing a first item (a document's layout: hits where they meet).
+    assert any(x is not y and x.mm[0] == y.mm[0] for x in with_mm for y in with_mm)
+    # Other configs draw none.
+    plain = [a for i in range(50) for a in draw_case(case_rng(2, i), FuzzConfig(), 40)[1]
+             if isinstance(a, New)]
+    assert not any(a.mm or a.embeds_seed is not None for a in plain)
