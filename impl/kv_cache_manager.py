@@ -19,7 +19,7 @@ from impl.managers.full_attention import FullAttentionManager
 from impl.managers.mamba import MambaManager
 from impl.math_utils import cdiv
 from impl.prefix_cache_stats import PrefixCacheStats
-from impl.profiles import StatsRecordedAt, VersionProfile
+from impl.profiles import CachedTokensEstimate, StatsRecordedAt, VersionProfile
 from impl.request import Request, RequestStatus
 
 _NEEDS_WATERMARK = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -515,11 +515,16 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Request) -> int:
         """The prefix every counting group has keyed blocks for: per group
         the longest key among the request's blocks, the least over groups
-        (0 when no group counts)."""
+        (0 when no group counts). Which groups count is the release's
+        (profile.estimate_cached_tokens; every non-encoder group before
+        0.30)."""
+        every_group = self.profile.estimate_cached_tokens is CachedTokensEstimate.ALL_BUT_ENCODER
         least = None
         for group, blocks in zip(self.kv_cache_config.kv_cache_groups,
                                  self.get_blocks(request.request_id).blocks):
-            if not group.kv_cache_spec.counts_cached_tokens:
+            spec = group.kv_cache_spec
+            if not (not spec.reads_encoder_tokens if every_group
+                    else spec.counts_cached_tokens):
                 continue
             keyed = max((b.block_hash_num_tokens or 0 for b in blocks), default=0)
             least = keyed if least is None else min(least, keyed)

@@ -75,6 +75,16 @@ class StatsRecordedAt(str, Enum):
     ADMISSION = "admission"
 
 
+class CachedTokensEstimate(str, Enum):
+    """The groups estimate_cached_tokens takes the least keyed prefix over."""
+
+    # 0.26-0.29: every group but cross-attention / encoder-only ones, so a
+    # group that is never prefix cached (0.29's circular buffer) makes it 0.
+    ALL_BUT_ENCODER = "all_but_encoder"
+    # 0.30+: only the prefix-cacheable groups among those.
+    PREFIX_CACHEABLE = "prefix_cacheable"
+
+
 class KVEventFields(str, Enum):
     """Which optional fields KV events carry. Each value has the previous
     one's fields and more."""
@@ -468,9 +478,17 @@ class VersionProfile:
     # A hit of a request whose kv_cache_report_mode is full is announced
     # again with the hash of every block it spans, its null (skipped) blocks'
     # too, which no block caches and no BlockRemoved will ever retract (0.26+,
-    # read through 0.33: emit_cached_block_events counts the hit's blocks, nulls included; a
-    # known bug). impl does the same; the event reconciliation reads it.
+    # read through 0.33: emit_cached_block_events counts the hit's blocks,
+    # nulls included; a known bug). impl does the same; the event
+    # reconciliation reads it.
     full_report_announces_skipped_blocks: bool = False
+    # --- the scheduler's queries of the manager ---
+    # get_block_ids_for_computed_tokens exists (0.25+: a finishing request's
+    # ids for its KV connector).
+    block_ids_for_computed_tokens: bool = False
+    # Which groups estimate_cached_tokens reads (None: the release has no such
+    # method, before 0.26).
+    estimate_cached_tokens: CachedTokensEstimate | None = None
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
     # The tier as impl models it: chunk slots, policies by name, per-request
     # access records handed to the policy when a request finishes (0.32+;
@@ -577,6 +595,8 @@ def _profiles() -> dict[str, VersionProfile]:
          admission_controls=AdmissionControls.WATERMARK,
          kv_cache_tensor_plan=KVCacheTensorPlan.SHARED_BY_WITH_OFFSETS,
          unify_pads_pages=UnifyPadsPages.ATTENTION_ONLY)
+    then("0.25",
+         block_ids_for_computed_tokens=True)
     then("0.26",
          context_parallel_block_size=ContextParallelBlockSize.DCP_ALL_KINDS,
          partial_block_hits=True,
@@ -585,7 +605,8 @@ def _profiles() -> dict[str, VersionProfile]:
          unify_pads_pages=UnifyPadsPages.ALWAYS,
          mamba_release_lags_speculative_blocks=False,
          rswa_groups=True,
-         full_report_announces_skipped_blocks=True)
+         full_report_announces_skipped_blocks=True,
+         estimate_cached_tokens=CachedTokensEstimate.ALL_BUT_ENCODER)
     then("0.27",
          stats_recorded_at=StatsRecordedAt.ADMISSION,
          free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING,
@@ -606,7 +627,8 @@ def _profiles() -> dict[str, VersionProfile]:
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
          sparse_mla_groups=True,
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
-         boundary_state_offloads=True)
+         boundary_state_offloads=True,
+         estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE)
     then("0.31",
          eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
          tagged_extra_keys=True,

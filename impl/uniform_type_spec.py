@@ -48,6 +48,8 @@ class UniformTypeKVCacheSpecs:
     # the computed tokens, and counts its keyed prefix if every layer is
     # prefix cacheable (spec §16.10).
     clipped_to_computed_tokens = False
+    # vLLM's encoder checks test the group's spec class, which this is not.
+    reads_encoder_tokens = False
 
     @property
     def counts_cached_tokens(self) -> bool:

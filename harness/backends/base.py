@@ -20,10 +20,12 @@ from harness.core.events import (
     AppendTokens,
     CacheBlocks,
     Checkpoint,
+    EstimateCachedTokens,
     Event,
     EvictBlocks,
     FinalizePartialTailOffloads,
     Free,
+    GetBlockIdsForComputedTokens,
     HiSparseAck,
     HiSparseStep,
     Lookup,
@@ -137,6 +139,8 @@ class Backend(ABC):
             AppendTokens: self._on_append_tokens,
             CacheBlocks: self._on_cache_blocks,
             RecordStats: self._on_record_stats,
+            EstimateCachedTokens: self._on_estimate_cached_tokens,
+            GetBlockIdsForComputedTokens: self._on_get_block_ids_for_computed_tokens,
             Free: self._on_free,
             Preempt: self._on_preempt,
             ResetPrefixCache: self._on_reset,
@@ -239,6 +243,22 @@ class Backend(ABC):
     def _on_step(self, ev: Step) -> dict:
         self.new_step_starts()
         return {}
+
+    # The scheduler's read-only queries of the manager: the same call on every
+    # backend's manager, refused (on every side alike) where the release has
+    # no such method.
+    def _on_estimate_cached_tokens(self, ev: EstimateCachedTokens) -> dict:
+        if self.profile.estimate_cached_tokens is None:
+            raise BackendError(f"vLLM {self.profile.name} has no estimate_cached_tokens "
+                               "(0.26+)", "op")
+        return {"num_tokens": self.estimate_cached_tokens(ev.req)}
+
+    def _on_get_block_ids_for_computed_tokens(self, ev: GetBlockIdsForComputedTokens) -> dict:
+        if not self.profile.block_ids_for_computed_tokens:
+            raise BackendError(f"vLLM {self.profile.name} has no "
+                               "get_block_ids_for_computed_tokens (0.25+)", "op")
+        ids = self.get_block_ids_for_computed_tokens(ev.req, ev.num_computed_tokens)
+        return {"block_ids": [list(g) for g in ids]}
 
     def _on_take_block_copies(self, ev: TakeBlockCopies) -> dict:
         return {"copies": [list(pair) for pair in self.take_block_copies()]}
@@ -440,6 +460,13 @@ class Backend(ABC):
 
     @abstractmethod
     def new_step_starts(self) -> None: ...
+
+    @abstractmethod
+    def estimate_cached_tokens(self, req: str) -> int: ...
+
+    @abstractmethod
+    def get_block_ids_for_computed_tokens(self, req: str,
+                                          num_computed_tokens: int) -> list[list[int]]: ...
 
     @abstractmethod
     def take_block_copies(self) -> list[tuple[int, int]]:

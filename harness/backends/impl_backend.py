@@ -174,6 +174,14 @@ class ImplBackend(Backend):
     def record_stats(self, req: str, num_hits: int) -> None:
         self.manager.record_prefix_cache_stats(self._request(req), num_hits)
 
+    def estimate_cached_tokens(self, req: str) -> int:
+        return self.manager.estimate_cached_tokens(self._request(req))
+
+    def get_block_ids_for_computed_tokens(self, req: str,
+                                          num_computed_tokens: int) -> list[list[int]]:
+        self._request(req)  # a request it does not know is refused, not answered empty
+        return self.manager.get_block_ids_for_computed_tokens(req, num_computed_tokens)
+
     def reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()
 

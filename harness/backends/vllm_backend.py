@@ -551,6 +551,15 @@ class VllmBackend(Backend):
                 "it has no record_prefix_cache_stats", "op")
         self.manager.record_prefix_cache_stats(self._request(req), num_hits)
 
+    def estimate_cached_tokens(self, req: str) -> int:
+        return self.manager.estimate_cached_tokens(self._request(req))
+
+    def get_block_ids_for_computed_tokens(self, req: str,
+                                          num_computed_tokens: int) -> list[list[int]]:
+        self._request(req)
+        return self.manager.get_block_ids_for_computed_tokens(
+            request_id=req, num_computed_tokens=num_computed_tokens)
+
     def reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()
 

@@ -149,6 +149,28 @@ class RecordStats(Event):
 
 
 @dataclass(slots=True)
+class EstimateCachedTokens(Event):
+    """estimate_cached_tokens: how much of the request's prefix its blocks
+    hold keyed in every group that counts (the scheduler's prefill stats at
+    the request's first output; 0.26+). Answer: {"num_tokens": n}."""
+
+    kind: ClassVar[str] = "estimate_cached_tokens"
+    req: str
+
+
+@dataclass(slots=True)
+class GetBlockIdsForComputedTokens(Event):
+    """get_block_ids_for_computed_tokens: the request's block ids, the
+    groups whose tables follow its tokens cut to `num_computed_tokens` (what
+    a finishing request hands its KV connector; 0.25+).
+    Answer: {"block_ids": [[ids per group]]}."""
+
+    kind: ClassVar[str] = "get_block_ids_for_computed_tokens"
+    req: str
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
 class Free(Event):
     """The request finished: free its blocks and forget it. Answer: {}."""
 
@@ -281,7 +303,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         AddRequest, Lookup, TruncateComputedBlocks, Allocate, AppendTokens, CacheBlocks,
-        RecordStats,
+        RecordStats, EstimateCachedTokens, GetBlockIdsForComputedTokens,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
         TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
         HiSparseStep, HiSparseAck,

@@ -48,10 +48,12 @@ from harness.core.events import (
     AppendTokens,
     CacheBlocks,
     Checkpoint,
+    EstimateCachedTokens,
     Event,
     EvictBlocks,
     FinalizePartialTailOffloads,
     Free,
+    GetBlockIdsForComputedTokens,
     HiSparseAck,
     HiSparseStep,
     Lookup,
@@ -128,6 +130,12 @@ def _lora(n: int) -> LoRA:
     return LoRA(f"adapter-{n}", n, f"/loras/{n}")
 
 
+def _takes(backend: Backend, op: str) -> bool:
+    """Whether a backend takes the op: a foreign one declares its ops."""
+    capabilities = getattr(backend, "capabilities", None)
+    return capabilities is None or op in (capabilities.get("ops") or ())
+
+
 class Driver:
     """Turns actions into calls, each run by harness/lockstep.run_event on
     backends[0] (the reference, vLLM) and every other backend; stops at the
@@ -173,6 +181,12 @@ class Driver:
                              and profile.boundary_state_offloads)
         # Where the prompt's tail lies (0.32 moved it before the last token).
         self.tail_rule = profile.prompt_tail_boundary
+        # The scheduler's queries an observation asks too: those the release
+        # has and every backend takes (a foreign one: its capabilities).
+        self.queries = tuple(op for op, has in (
+            (EstimateCachedTokens.kind, profile.estimate_cached_tokens is not None),
+            (GetBlockIdsForComputedTokens.kind, profile.block_ids_for_computed_tokens),
+        ) if has and all(_takes(b, op) for b in backends))
         if self.mamba_block_size is not None:
             self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
             self.mamba_partial_hits = (
@@ -294,6 +308,7 @@ class Driver:
         elif isinstance(a, Observe):
             call(Checkpoint(DEFAULT_CHECKPOINT_FIELDS + ("hisparse",)) if self.hisparse
                  else Checkpoint())
+            self._ask_queries()
         elif isinstance(a, Ack):
             if self.hisparse:
                 self._hisparse_ack(a)
@@ -404,6 +419,21 @@ class Driver:
                 return 0, None
             hit = cut
         return hit, answer
+
+    def _ask_queries(self) -> None:
+        """For the latest running request (its tables are live): the
+        cached-token estimate and its computed tokens' ids."""
+        running = [i for i, r in self.reqs.items() if r.status is _Status.RUNNING]
+        if not running:
+            return
+        i, asks = running[-1], []
+        if EstimateCachedTokens.kind in self.queries:
+            asks.append(EstimateCachedTokens(f"r{i}"))
+        if GetBlockIdsForComputedTokens.kind in self.queries:
+            asks.append(GetBlockIdsForComputedTokens(f"r{i}", self.reqs[i].num_computed))
+        for ask in asks:
+            if self.call(ask) is None:
+                return
 
     def _schedule(self, a: Schedule) -> None:
         r = self.reqs.get(a.req)

@@ -53,7 +53,10 @@ def test_every_followed_release_has_exactly_one_profile_that_was_checked_on_it()
         assert get_profile(release).name == seen[release]
         # Any patch release of the minor uses it too.
         assert get_profile(profile_key(release) + ".9").name == seen[release]
-    assert get_profile("0.25.1").name == "0.24" and PROFILES["0.24"].releases == "0.24.0-0.25.1"
+    # 0.25 shared 0.24's profile until its get_block_ids_for_computed_tokens
+    # was modelled.
+    assert get_profile("0.25.1").name == "0.25" and PROFILES["0.24"].releases == "0.24.0"
+    assert not PROFILES["0.24"].block_ids_for_computed_tokens
     assert supported_versions() == f"0.17-{_NEWEST}"
 
 
