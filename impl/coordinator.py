@@ -471,13 +471,16 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             manager.block_size, self.hash_block_size,
             self.enable_partial_hash_hits and batch.manager_cls.supports_fine_grained_hash_lookup)
 
-    def _lookup(self, batch: SpecGroup, block_hashes, max_length: int, drop: bool):
+    def _lookup(self, batch: SpecGroup, block_hashes, max_length: int, drop: bool,
+                bound: int):
         manager = self.single_type_managers[batch.group_ids[0]]
         if drop and not isinstance(batch.spec, MambaSpec):
             # Look one drop unit further, so the drop lands on the candidate
-            # (Mamba lookups drop nothing: no margin).
-            max_length = min(max_length + self._margin(batch),
-                             len(block_hashes) * self.hash_block_size)
+            # (Mamba lookups drop nothing: no margin), up to the lookup's
+            # bound or, in releases that allow it, the hashed tokens.
+            cap = (len(block_hashes) * self.hash_block_size
+                   if self.profile.eagle_margin_to_hashed_tokens else bound)
+            max_length = min(max_length + self._margin(batch), cap)
         # The group's own pool: HiSparse's source group looks up the host pool.
         return batch.manager_cls.find_longest_cache_hit(
             block_hashes, max_length, batch.group_ids, manager.block_pool, batch.spec,
@@ -506,7 +509,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     candidate = min(candidate, lengths[lead])
                     continue
                 drop = batch.use_eagle and index not in verified
-                blocks, length = self._lookup(batch, block_hashes, candidate, drop)
+                blocks, length = self._lookup(batch, block_hashes, candidate, drop,
+                                              max_cache_hit_length)
                 if drop:
                     verified.add(index)
                 elif length < candidate:
@@ -538,7 +542,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         lengths = [0] * len(found)
         for batch in self.attention_groups:
             blocks, length = self._lookup(batch, block_hashes, max_cache_hit_length,
-                                          batch.use_eagle)
+                                          batch.use_eagle, max_cache_hit_length)
             for group_id, group_blocks in zip(batch.group_ids, blocks):
                 found[group_id] = group_blocks
                 lengths[group_id] = length

@@ -42,8 +42,8 @@ def dropping_group_ids(draft_ids: set[int], use_eagle: bool,
             return set(draft_ids)
         if draft_ids:
             raise UnsupportedByProfile(
-                f"EAGLE draft groups under vLLM {profile.name}: impl models EAGLE "
-                "prefix hits from 0.32 on")
+                f"EAGLE draft groups of a hybrid model under vLLM {profile.name}: "
+                "impl does not model this release's hybrid EAGLE lookups")
         return set()
     if rule is EagleDropGroups.FLAGGED_IF_USE_EAGLE and not use_eagle:
         return set()

@@ -325,7 +325,7 @@ class EagleDropGroups(str, Enum):
     `eagle_group_ids` is the same in both: the groups flagged as draft
     groups, or all of them when none is flagged and `use_eagle` is set."""
 
-    # 0.32: every group of eagle_group_ids drops, use_eagle or not.
+    # 0.31-0.32: every group of eagle_group_ids drops, use_eagle or not.
     FLAGGED_OR_ALL = "flagged_or_all"
     # 0.33: those groups drop only when use_eagle is set.
     FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
@@ -421,9 +421,16 @@ class VersionProfile:
     # computed (0.17: drafts of the last step may still be rejected).
     mamba_release_lags_speculative_blocks: bool
     # Which groups drop a unit of each hit for EAGLE / MTP; None: this
-    # release's EAGLE lookups are not modelled (0.17 drops on every pass of
-    # the hybrid loop), so a manager with EAGLE is refused.
+    # release's hybrid EAGLE lookups are not modelled (0.17-0.19 drop on every
+    # pass of the hybrid loop; 0.20-0.30 are unread), so a hybrid manager
+    # with EAGLE is refused.
     eagle_drop_groups: EagleDropGroups | None
+    # How far a dropping hybrid lookup may look past its candidate (by the
+    # drop unit, so that the drop lands back on it): up to the hashed tokens
+    # (0.32+), or only up to the lookup's max_cache_hit_length (before), so a
+    # candidate at that bound, a connector's per-group lookup's always,
+    # drops below it.
+    eagle_margin_to_hashed_tokens: bool = True
     # Attention kinds the release has (0.17 none of them): R-SWA groups that
     # give back the gap between prompt and window (0.25+); circular-buffer
     # groups, one ring block a request (0.29+); sliding-window MLA and MLA
@@ -460,8 +467,8 @@ class VersionProfile:
     kv_events_removed_per_copy: bool = True
     # A hit of a request whose kv_cache_report_mode is full is announced
     # again with the hash of every block it spans, its null (skipped) blocks'
-    # too, which no block caches and no BlockRemoved will ever retract (0.32:
-    # emit_cached_block_events counts the hit's blocks, nulls included; a
+    # too, which no block caches and no BlockRemoved will ever retract (0.26+,
+    # read through 0.33: emit_cached_block_events counts the hit's blocks, nulls included; a
     # known bug). impl does the same; the event reconciliation reads it.
     full_report_announces_skipped_blocks: bool = False
     # --- the CPU offload tier (vllm/v1/kv_offload/cpu, specs/KV_OFFLOAD.md) ---
@@ -534,6 +541,7 @@ def _profiles() -> dict[str, VersionProfile]:
         sparse_mla_groups=False,
         hisparse=False,
         eagle_drop_groups=None,
+        eagle_margin_to_hashed_tokens=False,
     )]
 
     def then(name: str, **changes) -> None:
@@ -576,7 +584,8 @@ def _profiles() -> dict[str, VersionProfile]:
          sink_groups_buildable=True,
          unify_pads_pages=UnifyPadsPages.ALWAYS,
          mamba_release_lags_speculative_blocks=False,
-         rswa_groups=True)
+         rswa_groups=True,
+         full_report_announces_skipped_blocks=True)
     then("0.27",
          stats_recorded_at=StatsRecordedAt.ADMISSION,
          free_order=FreeOrder.UNHASHED_FIRST_IF_CACHING,
@@ -599,6 +608,7 @@ def _profiles() -> dict[str, VersionProfile]:
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
          boundary_state_offloads=True)
     then("0.31",
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,
@@ -609,9 +619,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=MambaPrefillCheckpoints.ALIGNMENT_GRID,
          hisparse=True,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
-         offload_cpu_tier=True,
-         full_report_announces_skipped_blocks=True)
+         eagle_margin_to_hashed_tokens=True,
+         offload_cpu_tier=True)
     then("0.33",
          mamba_partial_tail_rekey=MambaPartialTailRekey.UNLESS_KEYED,
          mamba_none_with_caching=False,

@@ -245,3 +245,18 @@ def test_the_checker_catches_a_non_draft_group_dropping():
     m.coordinator.drop_eagle_group_ids.add(0)
     with pytest.raises(InvariantViolation, match="no draft group"):
         check_invariants(m)
+
+
+def test_before_0_32_the_proof_margin_stops_at_the_lookups_bound():
+    """eagle_margin_to_hashed_tokens: a 16-token request may hit 15 tokens
+    and hashes 16. Full attention hits 12; the drafting window looks one
+    block further: to 16 (the hashed tokens, 0.32), matches blocks 2-3 and
+    drops 3, landing on 12; or only to 15 (0.31), so it matches blocks 1-2,
+    drops 2 and the agreed hit falls to 8."""
+    groups = [group(FullAttentionSpec(4)), group(SlidingWindowSpec(4, sliding_window=4), True)]
+    hits = {}
+    for profile in (P32, get_profile("0.31")):
+        m = manager(groups, profile=profile, use_eagle=True)
+        run(m, request(m, "a", prompt(5, 4, tail=1)))
+        hits[profile.name] = m.get_computed_blocks(request(m, "b", prompt(4, 4)))[1]
+    assert hits == {"0.32": 12, "0.31": 8}

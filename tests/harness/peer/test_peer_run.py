@@ -186,3 +186,24 @@ def test_reading_what_a_spec_is_does_not_count_as_vllm_answering(runs):
     sized = runs["impl"]["test_reads_a_sizing_answer_from_vllm"]
     assert sized["outcome"] == "passed" and sized["vllm_kv_calls"] > 0
     assert classify.verdict_on_impl(sized)[0] == NOT_APPLICABLE
+
+
+def test_a_file_that_does_not_import_costs_only_its_own_tests(tmp_path):
+    """Under xdist a test named by node id in a file that fails to import
+    stops every test of the run (as vLLM 0.31's test_gpu_input_batch.py on
+    its overlay; the negative control shows it); the peer pass reruns the
+    others and keeps the broken file's collection record."""
+    from harness.peer.run import load, run_collectable, run_pass, uncollectable
+
+    (tmp_path / "test_good.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "test_broken.py").write_text("import a_module_no_release_has\n\n"
+                                             "def test_rows():\n    pass\n")
+    tests = ["test_good.py", "test_broken.py::test_rows"]
+    plain = tmp_path / "plain.jsonl"
+    run_pass("vllm", tmp_path, plain, {}, "2", tests)
+    assert "test_good.py::test_one" not in load(plain)   # why run_collectable exists
+    records = tmp_path / "records.jsonl"
+    assert run_collectable("vllm", tmp_path, records, {}, "2", tests) == ["test_good.py"]
+    got = load(records)
+    assert got["test_good.py::test_one"]["outcome"] == "passed"
+    assert uncollectable(records) == {"test_broken.py"}
