@@ -141,6 +141,11 @@ class KVCacheManager:
         self._group_labels = tuple((g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
                                    for g in groups)
         self._count_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
+        # An allocation's cache step runs when some group takes it: with
+        # prefix caching off, only a group that works there regardless (0.31's
+        # HiSparse resident groups, §14.6).
+        self._cache_step = self.enable_caching or any(
+            m.enable_caching for m in coordinator.single_type_managers)
         self._adopt_without_new = profile.allocate_adopts_hit_without_new_tokens
         # A single full-attention group hashed at its block size: running
         # requests then take the short path of allocate_slots.
@@ -350,7 +355,7 @@ class KVCacheManager:
                                                skip_zeroing_group_ids)
         fresh = coord.allocate_new_blocks(request_id, slots, main_model,
                                                 num_encoder_tokens)
-        if not delay_cache_blocks and self.enable_caching:
+        if not delay_cache_blocks and self._cache_step:
             # Lookahead (draft) tokens may be rejected: only final ones are keyed.
             coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
