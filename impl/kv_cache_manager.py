@@ -442,8 +442,13 @@ class KVCacheManager:
                                       for b in table[start_token // manager.block_size:]]
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> Ids:
-        """Cascade attention is gone from vLLM: no group shares a prefix."""
-        return [0 for _ in range(self.num_kv_cache_groups)]
+        """Per group, the leading blocks every request with blocks there
+        shares (cascade attention; profile common_prefix_blocks). Without
+        cascade attention (0.32+), or prefix caching, zeros."""
+        managers = self.coordinator.single_type_managers
+        if not (self.profile.common_prefix_blocks and self.enable_caching):
+            return [0 for _ in managers]
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in managers]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:

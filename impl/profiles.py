@@ -461,6 +461,10 @@ class VersionProfile:
     # HiSparse groups (a host pool, resident and hot pages, the coordinator
     # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
     hisparse: bool = False
+    # Cascade attention's shared prefix (`get_num_common_prefix_blocks`):
+    # counted per group by holder counts, with prefix caching on (0.17-0.31),
+    # or zeros (0.32+: cascade attention removed).
+    common_prefix_blocks: bool = False
     # How impl's HiSparse keeps residency (a model of 0.31's older shape, for
     # its own tests; the harness's traces and fuzz drive only `hisparse`).
     hisparse_residency: HiSparseResidency = HiSparseResidency.OVERLAY
@@ -564,6 +568,7 @@ def _profiles() -> dict[str, VersionProfile]:
         sparse_mla_groups=False,
         hisparse=False,
         hisparse_residency=HiSparseResidency.TABLE_ROWS,
+        common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
     )]
@@ -644,6 +649,7 @@ def _profiles() -> dict[str, VersionProfile]:
          mamba_prefill_checkpoints=MambaPrefillCheckpoints.ALIGNMENT_GRID,
          hisparse=True,
          hisparse_residency=HiSparseResidency.OVERLAY,
+         common_prefix_blocks=False,
          eagle_margin_to_hashed_tokens=True,
          offload_cpu_tier=True)
     then("0.33",
