@@ -90,7 +90,8 @@ class KVCacheCoordinator:
             for group_id, group in enumerate(groups))
         # HiSparse's groups share one coordinator of their own (None without).
         self.hisparse = attach_hisparse(kv_cache_config, self.single_type_managers,
-                                        max_model_len, self.num_reprefillable_tokens)
+                                        max_model_len, self.num_reprefillable_tokens,
+                                        profile.hisparse_residency)
         if use_eagle:
             for manager in self.single_type_managers:
                 if isinstance(manager, MambaManager):

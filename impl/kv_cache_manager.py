@@ -141,6 +141,11 @@ class KVCacheManager:
         self._group_labels = tuple((g.kv_cache_spec.kind, g.kv_cache_spec.sliding_window_of_events)
                                    for g in groups)
         self._count_at_lookup = profile.stats_recorded_at is StatsRecordedAt.LOOKUP
+        # An allocation's cache step runs when some group takes it: with
+        # prefix caching off, only a group that works there regardless (0.31's
+        # HiSparse resident groups, §14.6).
+        self._cache_step = self.enable_caching or any(
+            m.enable_caching for m in coordinator.single_type_managers)
         self._adopt_without_new = profile.allocate_adopts_hit_without_new_tokens
         # A single full-attention group hashed at its block size: running
         # requests then take the short path of allocate_slots.
@@ -350,7 +355,7 @@ class KVCacheManager:
                                                skip_zeroing_group_ids)
         fresh = coord.allocate_new_blocks(request_id, slots, main_model,
                                                 num_encoder_tokens)
-        if not delay_cache_blocks and self.enable_caching:
+        if not delay_cache_blocks and self._cache_step:
             # Lookahead (draft) tokens may be rejected: only final ones are keyed.
             coord.cache_blocks(request, min(computed + num_new_tokens, num_tokens))
         return self._answer(fresh)
@@ -437,8 +442,13 @@ class KVCacheManager:
                                       for b in table[start_token // manager.block_size:]]
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> Ids:
-        """Cascade attention is gone from vLLM: no group shares a prefix."""
-        return [0 for _ in range(self.num_kv_cache_groups)]
+        """Per group, the leading blocks every request with blocks there
+        shares (cascade attention; profile common_prefix_blocks). Without
+        cascade attention (0.32+), or prefix caching, zeros."""
+        managers = self.coordinator.single_type_managers
+        if not (self.profile.common_prefix_blocks and self.enable_caching):
+            return [0 for _ in managers]
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in managers]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:

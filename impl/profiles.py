@@ -341,6 +341,26 @@ class EagleDropGroups(str, Enum):
     FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
 
 
+class HiSparseResidency(str, Enum):
+    """Where HiSparse records which GPU block a resident page is read from,
+    when each step's residency work runs, and how the worker hears of it
+    (specs/KV_CACHE_MANAGER.md section 14.6). Read only when a manager is
+    built with HiSparse groups (releases before 0.30 have none)."""
+
+    # 0.17-0.31 (read in 0.31; 0.30 has this shape, but its admission window
+    # and adoption differ and are not modelled): a residency change is written
+    # into the resident group's own table (a page moved to the host becomes
+    # the null block, an adopted copy its block); the work of a step (write-
+    # backs, then residency) runs in the resident group's cache step of every
+    # allocation, prefix caching on or off; a request that lost a page is
+    # reported with all its table rows (`take_block_table_updates`).
+    TABLE_ROWS = "table_rows"
+    # 0.32+: tables stay append-only and residency is an overlay on them; the
+    # connector runs a step's work (`advance_scheduled`) and reads page-level
+    # updates (`take_residency_updates`).
+    OVERLAY = "overlay"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -451,6 +471,13 @@ class VersionProfile:
     # HiSparse groups (a host pool, resident and hot pages, the coordinator
     # its connector drives; specs/KV_CACHE_MANAGER.md §14): 0.32, not 0.17.
     hisparse: bool = False
+    # Cascade attention's shared prefix (`get_num_common_prefix_blocks`):
+    # counted per group by holder counts, with prefix caching on (0.17-0.31),
+    # or zeros (0.32+: cascade attention removed).
+    common_prefix_blocks: bool = False
+    # How impl's HiSparse keeps residency (a model of 0.31's older shape, for
+    # its own tests; the harness's traces and fuzz drive only `hisparse`).
+    hisparse_residency: HiSparseResidency = HiSparseResidency.OVERLAY
     # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
@@ -558,6 +585,8 @@ def _profiles() -> dict[str, VersionProfile]:
         circular_buffer_groups=False,
         sparse_mla_groups=False,
         hisparse=False,
+        hisparse_residency=HiSparseResidency.TABLE_ROWS,
+        common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
     )]
@@ -641,6 +670,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prompt_tail_boundary=PromptTailBoundary.BEFORE_LAST_TOKEN,
          mamba_prefill_checkpoints=MambaPrefillCheckpoints.ALIGNMENT_GRID,
          hisparse=True,
+         hisparse_residency=HiSparseResidency.OVERLAY,
+         common_prefix_blocks=False,
          eagle_margin_to_hashed_tokens=True,
          offload_cpu_tier=True)
     then("0.33",

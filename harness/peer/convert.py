@@ -100,6 +100,11 @@ def _mla_labels(spec) -> dict:
                 model_version=spec.model_version)
 
 
+# vLLM spec kinds impl serves with another kind's manager but whose sizing
+# differs from that kind's: the sizing adapter refuses them.
+SIZED_APART = ("KpoolTailSpec",)
+
+
 def to_impl_spec(spec):
     """A vLLM KVCacheSpec as impl's spec (impl.kv_cache_spec)."""
     from vllm.v1 import kv_cache_interface as v
@@ -109,6 +114,11 @@ def to_impl_spec(spec):
     name = type(spec).__name__
     if name in ("HiSparseHotSpec", "HiSparseResidentSpec"):
         return _hisparse_spec(spec)
+    if name in SIZED_APART:
+        # 0.31's KpoolTailSpec: a one-block ring per request, kept by a
+        # manager that is the circular buffer's (KpoolTailManager adds
+        # nothing): impl's circular buffer. Not for sizing (SIZED_APART).
+        return ispec.CircularBufferSpec(**_attention_geometry(spec))
     if name == "EncoderOnlyAttentionSpec":
         raise ImplLacks(F.ENCODER_ONLY, name)
     if isinstance(spec, v.UniformTypeKVCacheSpecs):

@@ -13,6 +13,11 @@ The worker hears of all this through the calls its connector makes each
 step: `advance_scheduled`, `build_offload_command`, `build_row_mirrors`,
 `take_residency_updates`, `all_context_pages_resident`, and back
 `update_spills` / `finish_host_import` / `release_completed_host_copies`.
+
+That is the overlay shape (0.32+). In the table-rows shape (0.31; the
+profile's `hisparse_residency`, spec §14.6) residency changes rewrite the
+resident tables themselves, each allocation's cache step does the step's
+work, and the worker re-reads whole rows (`take_block_table_updates`).
 """
 
 from collections.abc import Iterable, Mapping
@@ -36,6 +41,7 @@ from impl.managers.hisparse import (
     HiSparseSourceManager,
 )
 from impl.math_utils import cdiv
+from impl.profiles import HiSparseResidency
 from impl.request import Request
 
 Page = tuple[str, int]  # (request id, page index)
@@ -99,10 +105,16 @@ class _Transfer:
 class HiSparseCoordinator:
     def __init__(self, kv_cache_config: KVCacheConfig,
                  managers: tuple[SingleTypeKVCacheManager, ...], max_model_len: int, *,
-                 num_reprefillable_tokens: int = 0) -> None:
+                 num_reprefillable_tokens: int = 0,
+                 residency: HiSparseResidency = HiSparseResidency.OVERLAY) -> None:
         self.managers = managers
         self.max_model_len = max_model_len
         self.num_reprefillable_tokens = num_reprefillable_tokens
+        # Table-rows shape: the resident tables are rewritten in place and
+        # each allocation's cache step does the step's work (§14.6).
+        self.table_rows = residency is HiSparseResidency.TABLE_ROWS
+        # Requests whose table rows changed since the worker last read them.
+        self.rewritten_rows: set[str] = set()
         resident: list[HiSparseResidentManager] = []
         hot: list[HiSparseHotManager] = []
         resident_ids: list[int] = []
@@ -115,6 +127,10 @@ class HiSparseCoordinator:
             if is_resident:
                 resident.append(manager)
                 resident_ids.append(group_id)
+                manager.residency_in_table = self.table_rows
+                if self.table_rows:
+                    # Its cache step runs the step's work: called caching or not.
+                    manager.enable_caching = True
             elif isinstance(manager, HiSparseHotManager):
                 hot.append(manager)
             else:
@@ -353,6 +369,8 @@ class HiSparseCoordinator:
         state.unpinned_pages.discard(page)
         if page < state.synced_pages:
             state.stale_pages.add(page)
+        if self.table_rows:
+            self.rewritten_rows.add(request_id)
         for manager in self.hot_managers:
             manager.require_hot(request_id)
 
@@ -388,6 +406,14 @@ class HiSparseCoordinator:
         skip = self.num_reprefillable_tokens
         for request_id, num_tokens in requests:
             self.plan_prefix_materialization(request_id, max(0, num_tokens - skip))
+            self.update_residency(request_id)
+
+    def cache_step(self, request_id: str, num_tokens: int) -> None:
+        """A resident group's cache step of an allocation (`num_tokens` the
+        tokens it may key): in the table-rows shape the step's work, as
+        `advance_scheduled` does it in the overlay shape; else nothing."""
+        if self.table_rows:
+            self.plan_prefix_materialization(request_id, num_tokens)
             self.update_residency(request_id)
 
     def plan_prefix_materialization(self, request_id: str, num_computed_tokens: int) -> None:
@@ -528,6 +554,12 @@ class HiSparseCoordinator:
         if not self.resident_managers:
             return False
         first = self.resident_managers[0]
+        if self.table_rows:
+            # Only the span's pages are looked at, afresh each time.
+            return all(m.get_resident_page(request_id, page) is not None
+                       for request_id, start, count in requests
+                       for page in range(cdiv(start + count, first.block_size))
+                       for m in self.resident_managers)
         for request_id, start, count in requests:
             if len(first.req_to_blocks.get(request_id, ())) < cdiv(start + count,
                                                                    first.block_size):
@@ -568,6 +600,18 @@ class HiSparseCoordinator:
                 [*stale, *range(since, length)], tuple(per_group))
             state.stale_pages.clear()
             state.synced_pages = length
+        return updates
+
+    def take_block_table_updates(self) -> dict[str, tuple[list[int], ...]]:
+        """(Table-rows shape.) Each request whose resident table lost a page
+        since the last call: its block ids in every group, in group order.
+        The overlay shape rewrites no table: always empty there."""
+        updates = {}
+        for request_id in self.rewritten_rows:
+            updates[request_id] = tuple(
+                [block.block_id for block in m.req_to_blocks.get(request_id, ())]
+                for m in self.managers)
+        self.rewritten_rows.clear()
         return updates
 
     def build_offload_command(self) -> SparseKVOffloadCommand | None:
@@ -698,13 +742,16 @@ class HiSparseCoordinator:
 
 def attach_hisparse(kv_cache_config: KVCacheConfig,
                     managers: tuple[SingleTypeKVCacheManager, ...], max_model_len: int,
-                    num_reprefillable_tokens: int) -> HiSparseCoordinator | None:
+                    num_reprefillable_tokens: int,
+                    residency: HiSparseResidency = HiSparseResidency.OVERLAY,
+                    ) -> HiSparseCoordinator | None:
     """The HiSparse coordinator of a model with HiSparse groups (None without)."""
     if not any(isinstance(m, (HiSparseSourceManager, HiSparseResidentManager,
                               HiSparseHotManager)) for m in managers):
         return None
     coordinator = HiSparseCoordinator(kv_cache_config, managers, max_model_len,
-                                      num_reprefillable_tokens=num_reprefillable_tokens)
+                                      num_reprefillable_tokens=num_reprefillable_tokens,
+                                      residency=residency)
     if coordinator.host_manager is None:
         raise ValueError("HiSparse groups without a source group")
     return coordinator

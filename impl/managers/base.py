@@ -61,6 +61,9 @@ class SingleTypeKVCacheManager:
     # Whether the group keeps its whole hit when the groups agree on a shorter
     # one (HiSparse's host tier, §14.2).
     retains_longer_hit: ClassVar[bool] = False
+    # Whether a prefix every request shares shows in the blocks' holder
+    # counts (full attention and its kinds), for cascade attention (§16.5).
+    shares_prefix_by_ref_cnt: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                  kv_cache_group_id: int, scheduler_block_size: int | None = None,
@@ -325,6 +328,21 @@ class SingleTypeKVCacheManager:
             return table
         skipped = null_head_len(table)
         return table[skipped:] if skipped else table
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """How many leading blocks of the request every request with blocks
+        in this group holds (cascade attention's shared prefix, releases with
+        profile common_prefix_blocks); 0 for kinds whose holder counts do
+        not show a shared prefix."""
+        if not self.shares_prefix_by_ref_cnt:
+            return 0
+        holders = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks[running_request_id]:
+            if block.ref_cnt != holders:
+                break
+            count += 1
+        return count
 
     def free(self, request_id: str) -> None:
         table = self.pop_blocks_for_free(request_id)

@@ -30,6 +30,7 @@ from impl.request import Request
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     supports_fine_grained_hash_lookup = True
+    shares_prefix_by_ref_cnt = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

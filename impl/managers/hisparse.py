@@ -4,7 +4,8 @@ HiSparseHotManager, HiSparseResidentManager); specs/KV_CACHE_MANAGER.md §14.2.
 - source: full attention whose blocks are host blocks; it owns prefix caching,
   but its pages become findable only once their host copy is durable;
 - resident: the GPU pages of that history; where a page is read from is an
-  overlay on the (append-only) table, changed by the coordinator;
+  overlay on the (append-only) table, changed by the coordinator (or, in
+  0.31's table-rows shape, the table itself: `residency_in_table`);
 - hot: a fixed region a request needs once it reads history from the host.
 
 Each is told its HiSparseCoordinator (`coordinator`) when that is built.
@@ -174,11 +175,26 @@ class HiSparseHotManager(_DeviceOnlyManager):
 
 
 class HiSparseResidentManager(_DeviceOnlyManager):
+    # Set by the coordinator: residency changes rewrite the table itself
+    # (table-rows shape) instead of an overlay on it.
+    residency_in_table = False
+
     def __init__(self, spec, *args, **kwargs) -> None:
         super().__init__(spec, *args, **kwargs)
         # request -> {page: block it is read from now}, over its table; the
         # null block there means the page is read from the host.
         self._overlay: dict[str, dict[int, KVCacheBlock]] = {}
+
+    def _set_page(self, req_id: str, page: int, block: KVCacheBlock) -> None:
+        if self.residency_in_table:
+            self.req_to_blocks[req_id][page] = block
+        else:
+            self._overlay.setdefault(req_id, {})[page] = block
+
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval=None,
+                     replay_boundaries=()) -> None:
+        # Nothing is keyed here; the coordinator may run the step's work.
+        self.coordinator.cache_step(request.request_id, num_tokens)
 
     # -- where a page is read from ----------------------------------------------------
 
@@ -206,14 +222,14 @@ class HiSparseResidentManager(_DeviceOnlyManager):
         table = self.req_to_blocks.get(req_id)
         if table is None or page >= len(table) or self.get_resident_page(req_id, page):
             return False
-        self._overlay.setdefault(req_id, {})[page] = block
+        self._set_page(req_id, page, block)
         return True
 
     def drop_resident_page(self, req_id: str, page: int) -> KVCacheBlock | None:
         """Read the page from the host from now on; the block it was read from."""
         was = self.get_resident_page(req_id, page)
         if was is not None:
-            self._overlay.setdefault(req_id, {})[page] = self._null_block
+            self._set_page(req_id, page, self._null_block)
         return was
 
     # -- allocation ---------------------------------------------------------------------

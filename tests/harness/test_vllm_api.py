@@ -12,7 +12,7 @@ import pytest
 from harness.backends.vllm_api import SHAPES, VllmApi, api_for
 from harness.core.vllm_releases import RELEASES, UnknownRelease, release_key
 from harness.releases.vllm_overlay import ensure, overlay_path, read_info
-from impl.profiles import StatsRecordedAt, get_profile
+from impl.profiles import HiSparseResidency, StatsRecordedAt, get_profile
 
 from .make_vars import make_words
 
@@ -156,6 +156,31 @@ def test_a_wrong_row_is_caught():
                                 sizing_module="vllm.v1.core.kv_cache_utils")
     found = source_mismatches(wrong, root)
     assert [m.split(":")[0] for m in found] == ["get_computed_blocks_arity", "sizing_module"]
+
+
+def hisparse_residency_in_source(root: Path) -> HiSparseResidency | None:
+    """The HiSparse shape a release's coordinator has (None: no HiSparse):
+    whole table rows to the worker (0.30-0.31) or page-level updates."""
+    path = root / "vllm" / "v1" / "hisparse" / "coordinator.py"
+    calls = _functions(path, "HiSparseCoordinator") if path.exists() else {}
+    if "take_block_table_updates" in calls:
+        return HiSparseResidency.TABLE_ROWS
+    if "take_residency_updates" in calls:
+        return HiSparseResidency.OVERLAY
+    return None
+
+
+@pytest.mark.parametrize("release", CHECKED)
+def test_the_hisparse_residency_field_matches_each_releases_source(release):
+    found = hisparse_residency_in_source(_source_root(release))
+    assert found in (None, get_profile(release).hisparse_residency)
+
+
+def test_a_wrong_hisparse_residency_is_caught():
+    # Negative control: 0.33's source is not of the table-rows shape, nor
+    # 0.17's of any (it has no HiSparse).
+    assert hisparse_residency_in_source(_source_root("0.33.0")) is HiSparseResidency.OVERLAY
+    assert hisparse_residency_in_source(_source_root("0.17.1")) is None
 
 
 def test_sizing_functions_are_found_where_each_release_keeps_them():

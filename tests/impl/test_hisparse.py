@@ -1,6 +1,7 @@
 """HiSparse in impl (specs/KV_CACHE_MANAGER.md §14): the host pool, write-backs
 and publication, residency, imports, the configuration checks, and the
-invariants' HiSparse rules, each with a bug injected that it must catch.
+invariants' HiSparse rules, each with a bug injected that it must catch;
+last, 0.31's table-rows shape (§14.6) beside 0.32's overlay shape.
 
 Expected values are derived by hand from the spec: pages of 4 tokens, a
 device pool of `num_blocks` and a host pool of `host` blocks (block 0 of each
@@ -20,7 +21,7 @@ from impl.kv_cache_spec import (
     KVCacheGroupRole,
     KVCacheGroupSpec,
 )
-from impl.profiles import get_profile
+from impl.profiles import HiSparseResidency, get_profile
 from impl.request import Request, RequestStatus
 
 P = get_profile("0.32")
@@ -34,9 +35,9 @@ HASHER = RequestBlockHasher(BS, get_hash_fn("sha256"), none_hash(P, "sha256", "0
 
 
 def make(num_blocks=40, host=20, groups=(SOURCE, INDEXER, RESIDENT, HOT), caching=True,
-         events=False, **kwargs):
+         events=False, profile=P, **kwargs):
     config = KVCacheConfig(num_blocks, tuple(groups), hisparse_host_num_blocks=host)
-    manager = KVCacheManager(config, 256, BS, P, enable_caching=caching,
+    manager = KVCacheManager(config, 256, BS, profile, enable_caching=caching,
                              enable_kv_cache_events=events, **kwargs)
     return manager, get_hisparse_coordinator(manager)
 
@@ -373,4 +374,141 @@ def test_a_copy_index_that_disagrees_with_itself_is_caught():
     block = c.copies[key][0]
     c._copy_key_of[block.block_id] = b"elsewhere"
     with pytest.raises(InvariantViolation, match="not indexed under it"):
+        check_invariants(m)
+
+
+# -- the table-rows shape (0.31, profile hisparse_residency; spec §14.6) ---------------
+# The same calls under 0.31's shape and 0.32's, where the two answer
+# differently. A fresh manager hands device blocks out in id order: the
+# indexer takes 1.., then the resident group, then the hot one.
+
+P31 = get_profile("0.31")
+P32 = P
+
+
+def test_the_profiles_name_the_shapes():
+    assert P31.hisparse_residency is HiSparseResidency.TABLE_ROWS
+    assert P32.hisparse_residency is HiSparseResidency.OVERLAY
+    assert get_profile("0.33").hisparse_residency is HiSparseResidency.OVERLAY
+    assert make(profile=P31)[1].table_rows and not make(profile=P32)[1].table_rows
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_an_allocation_plans_its_write_backs_only_in_the_table_rows_shape(caching):
+    # 0.31: the resident group's cache step writes back the 2 full pages of
+    # 9 tokens, prefix caching on or off. 0.32: allocation alone plans none
+    # (the connector's advance_scheduled does).
+    m31, c31 = make(caching=caching, profile=P31)
+    assert m31.allocate_slots(request("r", 9), 9) is not None
+    transfers = c31.build_offload_command().page_transfers
+    assert [(t.host_block_id, t.resident_block_ids, t.after_forward) for t in transfers] == [
+        (1, (4,), True), (2, (5,), True)]
+    m32, c32 = make(caching=caching, profile=P32)
+    assert m32.allocate_slots(request("r", 9), 9) is not None
+    assert c32.build_offload_command().page_transfers == []
+    check_invariants(m31)
+    check_invariants(m32)
+
+
+def test_a_delayed_cache_step_plans_nothing_in_either_shape():
+    for profile in (P31, P32):
+        m, c = make(profile=profile)
+        assert m.allocate_slots(request("r", 8), 8, delay_cache_blocks=True)
+        assert c.build_offload_command().page_transfers == []
+
+
+def _host_reader(profile):
+    """A request of 6 pages reading from the host (its hot region held),
+    all its write-backs done: pages 0-3 unpinned, 4-5 the active tail."""
+    m, c = make(profile=profile)
+    r = request("r", 24)
+    assert m.allocate_slots(r, 24) is not None
+    for hot in c.hot_managers:
+        hot.require_hot("r")
+    assert m.allocate_slots(r, 24) is not None
+    if profile is P32:
+        c.advance_scheduled([("r", 24)])
+        c.take_residency_updates(["r"])
+    ack_all(c)
+    return m, c
+
+
+@pytest.mark.parametrize("profile", [P31, P32])
+def test_a_lost_page_rewrites_the_table_only_in_the_table_rows_shape(profile):
+    m, c = _host_reader(profile)
+    resident_row = [b.block_id for b in m.get_blocks("r").blocks[2]]
+    assert resident_row == [7, 8, 9, 10, 11, 12]
+    assert [c.resident_managers[0].get_resident_page("r", p) is not None
+            for p in range(6)] == [True] * 6
+    assert c.take_block_table_updates() == {}
+    # Take every free device block: the pool reuses the unpinned pages.
+    m.block_pool.get_new_blocks(m.block_pool.get_num_free_blocks())
+    resident = c.resident_managers[0]
+    lost = [p for p in range(6) if resident.get_resident_page("r", p) is None]
+    assert lost == [0, 1, 2, 3]
+    ids = m.get_block_ids("r")
+    if profile is P31:
+        # The table itself now says where each page is read from ...
+        assert ids[2] == [0, 0, 0, 0, 11, 12]
+        # ... and the worker is sent every row of the request, once.
+        assert c.take_block_table_updates() == {"r": tuple(list(g) for g in ids)}
+        assert c.take_block_table_updates() == {}
+    else:
+        # The table stays append-only; only the overlay and its updates change.
+        assert ids[2] == resident_row
+        assert c.take_block_table_updates() == {}
+        update = c.take_residency_updates(["r"])["r"]
+        assert (update.pages, update.block_ids) == ([0, 1, 2, 3], ([0, 0, 0, 0],))
+
+
+@pytest.mark.parametrize("profile", [P31, P32])
+def test_an_adopted_copy_is_written_into_the_table_only_in_the_table_rows_shape(profile):
+    m, c = make(profile=profile)
+    original = request("original", 12)
+    assert m.allocate_slots(original, 12) is not None
+    if profile is P32:
+        c.advance_scheduled([("original", 12)])
+    ack_all(c)
+    copies = [b.block_id for b in m.get_blocks("original").blocks[2]]
+    assert copies == [4, 5, 6]
+    m.free(original)
+    resumed = request("resumed", 13)
+    hit, num_hit = m.get_computed_blocks(resumed)[:2]
+    assert num_hit == 12
+    assert m.allocate_slots(resumed, 1, num_hit, hit) is not None
+    if profile is P32:
+        c.advance_scheduled([("resumed", 13)])
+    row = [b.block_id for b in c.resident_managers[0].get_residency_row("resumed")]
+    table = m.get_block_ids("resumed")[2]
+    # Both shapes read the three prefix pages from the surviving copies ...
+    assert row[:3] == copies
+    # ... but only the table-rows shape shows them in the table.
+    assert table[:3] == (copies if profile is P31 else [0, 0, 0])
+    check_invariants(m)
+
+
+def test_all_context_pages_resident_looks_only_at_the_span_in_the_table_rows_shape():
+    # Page 1 of 3 read from the host: a span of page 0 alone is resident in
+    # the table-rows shape; the overlay shape asks the whole row.
+    answers = {}
+    for profile in (P31, P32):
+        m, c = make(profile=profile)
+        assert m.allocate_slots(request("r", 12), 12) is not None
+        assert c.all_context_pages_resident([("r", 0, 4)])
+        assert c.resident_managers[0].drop_resident_page("r", 1) is not None
+        c._all_resident.discard("r")
+        answers[profile.name] = (c.all_context_pages_resident([("r", 0, 4)]),
+                                 c.all_context_pages_resident([("r", 0, 8)]))
+    assert answers == {"0.31": (True, False), "0.32": (False, False)}
+
+
+def test_the_residency_checker_sees_a_table_row_that_lies():
+    # Negative control for the invariants under the table-rows shape: a
+    # resident page rewritten to a block the request already holds there.
+    m, c = make(profile=P31)
+    assert m.allocate_slots(request("r", 8), 8) is not None
+    check_invariants(m)
+    table = c.resident_managers[0].req_to_blocks["r"]
+    table[0] = table[1]
+    with pytest.raises(InvariantViolation):
         check_invariants(m)

@@ -35,10 +35,10 @@ SHA = get_hash_fn("sha256")
 NONE = none_hash(P, "sha256", "0")
 
 
-def manager(*specs, num_blocks=30, hash_block_size=4, zeroing=False, **kwargs):
+def manager(*specs, num_blocks=30, hash_block_size=4, zeroing=False, profile=P, **kwargs):
     groups = tuple(KVCacheGroupSpec((f"l{i}",), s) for i, s in enumerate(specs))
     config = KVCacheConfig(num_blocks, groups, needs_kv_cache_zeroing=zeroing)
-    return KVCacheManager(config, 4096, hash_block_size, P, **kwargs)
+    return KVCacheManager(config, 4096, hash_block_size, profile, **kwargs)
 
 
 def request(rid, tokens, **fields):
@@ -52,6 +52,40 @@ def admit(m, r):
     new = m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
     r.num_computed_tokens = r.num_tokens
     return new
+
+
+# -- cascade attention's common prefix (profile common_prefix_blocks) -----------------
+
+
+def test_common_prefix_blocks_are_counted_only_where_cascade_attention_is():
+    # "a" holds 13 tokens (4 blocks of 4 in each group), "b" hits a's first
+    # two blocks. 0.31 counts them in the full-attention group only; 0.32
+    # answers zeros.
+    specs = (FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=8))
+    answers = {}
+    for name in ("0.31", "0.32"):
+        m = manager(*specs, profile=get_profile(name))
+        admit(m, request("a", range(13)))
+        admit(m, request("b", [*range(8), 100, 101, 102]))
+        answers[name] = m.get_num_common_prefix_blocks("a")
+        full = m.coordinator.single_type_managers[0]
+        assert full.get_num_common_prefix_blocks("b") == 2
+    assert answers == {"0.31": [2, 0], "0.32": [0, 0]}
+
+
+def test_a_request_not_sharing_the_prefix_ends_the_count():
+    # Negative control: a third request holding none of a's blocks means no
+    # block is held by every request.
+    m = manager(FullAttentionSpec(4), profile=get_profile("0.31"))
+    admit(m, request("a", range(13)))
+    assert m.get_num_common_prefix_blocks("a") == [4]  # alone: all its blocks
+    admit(m, request("b", [*range(8), 100, 101, 102]))
+    assert m.get_num_common_prefix_blocks("a") == [2]
+    admit(m, request("c", range(200, 205)))
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    off = manager(FullAttentionSpec(4), profile=get_profile("0.31"), enable_caching=False)
+    admit(off, request("a", range(13)))
+    assert off.get_num_common_prefix_blocks("a") == [0]  # no prefix caching: zeros
 
 
 # -- full KV reports ---------------------------------------------------------------------

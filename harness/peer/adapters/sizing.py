@@ -215,7 +215,7 @@ def to_vllm_spec(spec, template):
     the template itself when impl left it as it was."""
     from vllm.v1 import kv_cache_interface as v
 
-    if template is not None and convert.to_impl_spec(template) == spec:
+    if template is not None and _impl_spec(template) == spec:
         return template
     if isinstance(spec, isizing.UniformTypeKVCacheSpecs):
         inner = template.kv_cache_specs if isinstance(
@@ -254,7 +254,7 @@ def _group_template(group, specs_by_layer):
     # A worker's share of a group may be no layer: a layer of the model whose
     # spec impl's is (the group's spec is its layers' merged spec).
     return next((s for s in specs_by_layer.values()
-                 if convert.to_impl_spec(s) == group.kv_cache_spec),
+                 if _impl_spec(s) == group.kv_cache_spec),
                 next(s for s in specs_by_layer.values()
                      if type(s).__name__ == type(group.kv_cache_spec).__name__))
 
@@ -321,7 +321,7 @@ def _write_back(vllm_specs: dict, impl_specs: dict) -> None:
 
 def get_kv_cache_groups(vllm_config, kv_cache_spec):
     cfg = _marking_drafts(planning_config(vllm_config), [kv_cache_spec])
-    specs = convert.to_impl_specs(kv_cache_spec)
+    specs = _impl_specs(kv_cache_spec)
     originals = dict(kv_cache_spec)
     groups = cfg.groups(specs)
     if cfg.disable_hybrid_kv_cache_manager:
@@ -330,7 +330,7 @@ def get_kv_cache_groups(vllm_config, kv_cache_spec):
 
 
 def unify_hybrid_kv_cache_specs(kv_cache_spec):
-    specs = convert.to_impl_specs(kv_cache_spec)
+    specs = _impl_specs(kv_cache_spec)
     isizing.unify_hybrid_kv_cache_specs(specs)
     _write_back(kv_cache_spec, specs)
 
@@ -345,11 +345,11 @@ def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memo
 
 
 def is_kv_cache_spec_uniform(kv_cache_spec) -> bool:
-    return isizing.is_kv_cache_spec_uniform(convert.to_impl_specs(kv_cache_spec))
+    return isizing.is_kv_cache_spec_uniform(_impl_specs(kv_cache_spec))
 
 
 def unify_kv_cache_spec_page_size(kv_cache_spec):
-    unified = isizing.unify_kv_cache_spec_page_size(convert.to_impl_specs(kv_cache_spec),
+    unified = isizing.unify_kv_cache_spec_page_size(_impl_specs(kv_cache_spec),
                                                     convert.PROFILE.unify_pads_pages)
     return {n: to_vllm_spec(s, kv_cache_spec[n]) for n, s in unified.items()}
 
@@ -379,7 +379,7 @@ def get_hisparse_kv_cache_groups(vllm_config, kv_cache_spec):
     cfg = planning_config(vllm_config)
     if cfg.hisparse is None:
         return None
-    groups = ilayout.hisparse_kv_cache_groups(convert.to_impl_specs(kv_cache_spec),
+    groups = ilayout.hisparse_kv_cache_groups(_impl_specs(kv_cache_spec),
                                               cfg.hisparse, cfg.plain_groups)
     return None if groups is None else to_vllm_groups(groups, dict(kv_cache_spec))
 
@@ -413,7 +413,7 @@ def get_hisparse_steady_state_concurrency(vllm_config, kv_cache_config) -> float
 
 def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
     cache = vllm_config.cache_config
-    specs = [convert.to_impl_spec(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
+    specs = [_impl_spec(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     return isizing.resolve_kv_cache_block_sizes(
         specs, cache.enable_prefix_caching, _dcp(vllm_config),
         getattr(cache, "prefix_match_unit", None),
@@ -422,6 +422,19 @@ def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
         pcp_world_size=_field(vllm_config, "parallel_config",
                               "prefill_context_parallel_size") or 1,
     )
+
+
+def _impl_spec(spec):
+    """convert.to_impl_spec, refusing a kind whose sizing impl does not model."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    for one in (spec, *(inner.values() if isinstance(inner, dict) else ())):
+        if type(one).__name__ in convert.SIZED_APART:
+            raise ImplLacks(F.KPOOL_TAIL_SIZING, type(one).__name__)
+    return convert.to_impl_spec(spec)
+
+
+def _impl_specs(specs):
+    return {layer: _impl_spec(s) for layer, s in specs.items()}
 
 
 def resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_block_size,
@@ -433,11 +446,11 @@ def resolve_cache_hit_alignment_tokens(kv_cache_config, vllm_config, scheduler_b
 
 
 def resolve_dcp_kv_block_size(spec, dcp_world_size: int) -> int:
-    return isizing.resolve_dcp_block_size(convert.to_impl_spec(spec), dcp_world_size)
+    return isizing.resolve_dcp_block_size(_impl_spec(spec), dcp_world_size)
 
 
 def resolve_dcp_kv_cache_spec(spec, dcp_world_size: int):
-    impl_spec = convert.to_impl_spec(spec)
+    impl_spec = _impl_spec(spec)
     resolved = isizing.resolve_dcp_kv_cache_spec(impl_spec, dcp_world_size)
     return spec if resolved is impl_spec else to_vllm_spec(resolved, spec)
 
@@ -445,15 +458,15 @@ def resolve_dcp_kv_cache_spec(spec, dcp_world_size: int):
 def get_kv_cache_spec_kind(kv_cache_spec):
     from vllm.v1.kv_cache_interface import KVCacheSpecKind
 
-    return KVCacheSpecKind(convert.to_impl_spec(kv_cache_spec).kind)
+    return KVCacheSpecKind(_impl_spec(kv_cache_spec).kind)
 
 
 def get_kv_cache_spec_sliding_window(kv_cache_spec):
-    return convert.to_impl_spec(kv_cache_spec).sliding_window_of_events
+    return _impl_spec(kv_cache_spec).sliding_window_of_events
 
 
 def iter_layer_specs(kv_cache_spec):
-    impl_spec = convert.to_impl_spec(kv_cache_spec)
+    impl_spec = _impl_spec(kv_cache_spec)
     layers = isizing.iter_layer_specs(impl_spec)
     if not isinstance(impl_spec, isizing.UniformTypeKVCacheSpecs):
         return (kv_cache_spec,)
@@ -464,16 +477,16 @@ def iter_layer_specs(kv_cache_spec):
 
 
 def is_full_attention_spec(kv_cache_spec) -> bool:
-    return isizing.is_full_attention_spec(convert.to_impl_spec(kv_cache_spec))
+    return isizing.is_full_attention_spec(_impl_spec(kv_cache_spec))
 
 
 def estimate_max_model_len(vllm_config, kv_cache_spec, available_memory):
-    return iplan.estimate_max_model_len(convert.to_impl_specs(kv_cache_spec), available_memory,
+    return iplan.estimate_max_model_len(_impl_specs(kv_cache_spec), available_memory,
                                         planning_config(vllm_config))
 
 
 def check_enough_kv_cache_memory(vllm_config, kv_cache_spec, available_memory):
-    iplan.check_enough_kv_cache_memory(convert.to_impl_specs(kv_cache_spec),
+    iplan.check_enough_kv_cache_memory(_impl_specs(kv_cache_spec),
                                        available_memory, planning_config(vllm_config))
 
 
@@ -495,7 +508,7 @@ def generate_scheduler_kv_cache_config(kv_cache_configs):
     plan = iplan.generate_scheduler_kv_cache_config([_to_impl_plan(c) for c in kv_cache_configs])
     out = copy.deepcopy(kv_cache_configs[0])
     for group, impl_group in zip(out.kv_cache_groups, plan.kv_cache_groups):
-        impl_spec = convert.to_impl_spec(group.kv_cache_spec)
+        impl_spec = _impl_spec(group.kv_cache_spec)
         if isinstance(impl_spec, isizing.UniformTypeKVCacheSpecs):
             # impl chose one layer's spec: vLLM's spec of that layer.
             name = next(n for n, s in impl_spec.kv_cache_specs.items()
@@ -528,7 +541,7 @@ def _project_kv_cache_groups_to_worker(global_kv_cache_groups, worker_spec):
 
 def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
     cfg = _marking_drafts(planning_config(vllm_config), kv_cache_specs)
-    worker_specs = [convert.to_impl_specs(specs) for specs in kv_cache_specs]
+    worker_specs = [_impl_specs(specs) for specs in kv_cache_specs]
     plans, max_model_len = iplan.get_kv_cache_configs(worker_specs, available_memory, cfg)
     # vLLM writes the fitted length into the engine's config.
     vllm_config.model_config.max_model_len = max_model_len
@@ -544,7 +557,7 @@ def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
 
 
 def _impl(spec):
-    return convert.to_impl_spec(spec)
+    return _impl_spec(spec)
 
 
 def _spec_subclass(vllm_cls):
@@ -613,13 +626,13 @@ def _spec_subclass(vllm_cls):
 
 def _uniform_subclass(vllm_cls):
     def from_specs(cls, kv_cache_specs):
-        if not isizing.is_uniform_type(convert.to_impl_specs(kv_cache_specs)):
+        if not isizing.is_uniform_type(_impl_specs(kv_cache_specs)):
             return None
         return cls(block_size=next(iter(kv_cache_specs.values())).block_size,
                    kv_cache_specs=kv_cache_specs)
 
     def is_uniform_type(cls, kv_cache_specs) -> bool:
-        return isizing.is_uniform_type(convert.to_impl_specs(kv_cache_specs))
+        return isizing.is_uniform_type(_impl_specs(kv_cache_specs))
 
     def first_spec(self):
         first = _impl(self).first_spec

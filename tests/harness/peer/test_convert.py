@@ -77,3 +77,33 @@ def test_replicated_specs_and_draft_groups_are_copied():
                                           dtypes=(torch.float32,)))])
     # vLLM zeroes new blocks of a model with state-space layers.
     assert convert.to_impl_config(mamba).needs_kv_cache_zeroing
+
+
+def test_a_kpool_tail_spec_is_a_circular_buffer_to_managers_but_refused_in_sizing():
+    # 0.31's KpoolTailSpec (a SlidingWindowSpec); 0.32 has none, so a
+    # stand-in of the same name and base.
+    import dataclasses
+
+    import torch
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from harness.peer import convert
+    from harness.peer.adapters import sizing
+    from harness.peer.lacks import ImplLacks
+    from impl import kv_cache_spec as ispec
+
+    tail_cls = dataclasses.make_dataclass("KpoolTailSpec", [], bases=(SlidingWindowSpec,),
+                                          frozen=True)
+    tail = tail_cls(block_size=64, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                    sliding_window=64)
+    converted = convert.to_impl_spec(tail)
+    assert converted == ispec.CircularBufferSpec(block_size=64, num_kv_heads=1, head_size=8,
+                                                 dtype_size=4)
+    assert not converted.prefix_cacheable
+    with pytest.raises(ImplLacks, match="KpoolTailSpec sizing"):
+        sizing.is_kv_cache_spec_uniform({"tail": tail})
+    # Negative control: its base class is still a sliding window, sized as one.
+    window = SlidingWindowSpec(block_size=64, num_kv_heads=1, head_size=8,
+                               dtype=torch.float32, sliding_window=64)
+    assert isinstance(convert.to_impl_spec(window), ispec.SlidingWindowSpec)
+    assert sizing.is_kv_cache_spec_uniform({"window": window})
