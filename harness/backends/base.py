@@ -26,6 +26,7 @@ from harness.core.events import (
     FinalizePartialTailOffloads,
     Free,
     GetBlockIdsForComputedTokens,
+    GetNumCommonPrefixBlocks,
     HiSparseAck,
     HiSparseStep,
     Lookup,
@@ -141,6 +142,7 @@ class Backend(ABC):
             RecordStats: self._on_record_stats,
             EstimateCachedTokens: self._on_estimate_cached_tokens,
             GetBlockIdsForComputedTokens: self._on_get_block_ids_for_computed_tokens,
+            GetNumCommonPrefixBlocks: self._on_get_num_common_prefix_blocks,
             Free: self._on_free,
             Preempt: self._on_preempt,
             ResetPrefixCache: self._on_reset,
@@ -259,6 +261,9 @@ class Backend(ABC):
                                "get_block_ids_for_computed_tokens (0.25+)", "op")
         ids = self.get_block_ids_for_computed_tokens(ev.req, ev.num_computed_tokens)
         return {"block_ids": [list(g) for g in ids]}
+
+    def _on_get_num_common_prefix_blocks(self, ev: GetNumCommonPrefixBlocks) -> dict:
+        return {"blocks": list(self.get_num_common_prefix_blocks(ev.req))}
 
     def _on_take_block_copies(self, ev: TakeBlockCopies) -> dict:
         return {"copies": [list(pair) for pair in self.take_block_copies()]}
@@ -467,6 +472,9 @@ class Backend(ABC):
     @abstractmethod
     def get_block_ids_for_computed_tokens(self, req: str,
                                           num_computed_tokens: int) -> list[list[int]]: ...
+
+    @abstractmethod
+    def get_num_common_prefix_blocks(self, req: str) -> list[int]: ...
 
     @abstractmethod
     def take_block_copies(self) -> list[tuple[int, int]]:

@@ -182,6 +182,10 @@ class ImplBackend(Backend):
         self._request(req)  # a request it does not know is refused, not answered empty
         return self.manager.get_block_ids_for_computed_tokens(req, num_computed_tokens)
 
+    def get_num_common_prefix_blocks(self, req: str) -> list[int]:
+        self._request(req)
+        return self.manager.get_num_common_prefix_blocks(req)
+
     def reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()
 

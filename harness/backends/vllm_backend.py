@@ -560,6 +560,10 @@ class VllmBackend(Backend):
         return self.manager.get_block_ids_for_computed_tokens(
             request_id=req, num_computed_tokens=num_computed_tokens)
 
+    def get_num_common_prefix_blocks(self, req: str) -> list[int]:
+        self._request(req)
+        return self.manager.get_num_common_prefix_blocks(req)
+
     def reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()
 

@@ -171,6 +171,17 @@ class GetBlockIdsForComputedTokens(Event):
 
 
 @dataclass(slots=True)
+class GetNumCommonPrefixBlocks(Event):
+    """get_num_common_prefix_blocks of a running request: per group, the
+    leading blocks every request with blocks there shares (cascade
+    attention; zeros from 0.32, which removed it).
+    Answer: {"blocks": [n per group]}."""
+
+    kind: ClassVar[str] = "get_num_common_prefix_blocks"
+    req: str
+
+
+@dataclass(slots=True)
 class Free(Event):
     """The request finished: free its blocks and forget it. Answer: {}."""
 
@@ -303,7 +314,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         AddRequest, Lookup, TruncateComputedBlocks, Allocate, AppendTokens, CacheBlocks,
-        RecordStats, EstimateCachedTokens, GetBlockIdsForComputedTokens,
+        RecordStats, EstimateCachedTokens, GetBlockIdsForComputedTokens, GetNumCommonPrefixBlocks,
         Free, Preempt, ResetPrefixCache, EvictBlocks, Step, TakeBlockCopies, Checkpoint,
         TakeBoundaryStateOffloads, FinalizePartialTailOffloads,
         HiSparseStep, HiSparseAck,

@@ -54,6 +54,7 @@ from harness.core.events import (
     FinalizePartialTailOffloads,
     Free,
     GetBlockIdsForComputedTokens,
+    GetNumCommonPrefixBlocks,
     HiSparseAck,
     HiSparseStep,
     Lookup,
@@ -186,6 +187,7 @@ class Driver:
         self.queries = tuple(op for op, has in (
             (EstimateCachedTokens.kind, profile.estimate_cached_tokens is not None),
             (GetBlockIdsForComputedTokens.kind, profile.block_ids_for_computed_tokens),
+            (GetNumCommonPrefixBlocks.kind, True),
         ) if has and all(_takes(b, op) for b in backends))
         if self.mamba_block_size is not None:
             self.scheduler_block_size, self.hash_block_size = config.block_sizes(profile)
@@ -422,7 +424,8 @@ class Driver:
 
     def _ask_queries(self) -> None:
         """For the latest running request (its tables are live): the
-        cached-token estimate and its computed tokens' ids."""
+        cached-token estimate, its computed tokens' ids and the prefix it
+        shares with every other request."""
         running = [i for i, r in self.reqs.items() if r.status is _Status.RUNNING]
         if not running:
             return
@@ -431,6 +434,8 @@ class Driver:
             asks.append(EstimateCachedTokens(f"r{i}"))
         if GetBlockIdsForComputedTokens.kind in self.queries:
             asks.append(GetBlockIdsForComputedTokens(f"r{i}", self.reqs[i].num_computed))
+        if GetNumCommonPrefixBlocks.kind in self.queries:
+            asks.append(GetNumCommonPrefixBlocks(f"r{i}"))
         for ask in asks:
             if self.call(ask) is None:
                 return

@@ -15,6 +15,7 @@ from harness.core.events import (
     Allocate,
     EstimateCachedTokens,
     GetBlockIdsForComputedTokens,
+    GetNumCommonPrefixBlocks,
     Lookup,
 )
 from impl.profiles import get_profile
@@ -54,3 +55,15 @@ def test_a_release_without_the_query_refuses_it(release, event, since):
     plain = CacheConfig(40, (GroupConfig(4),))
     with pytest.raises(BackendError, match=since):
         _admitted(plain, release).run(event)
+
+
+def test_the_common_prefix_is_counted_until_cascade_attention_went():
+    plain = CacheConfig(40, (GroupConfig(4),))
+    answers = {}
+    for release in ("0.31", "0.32"):
+        b = _admitted(plain, release)
+        for ev in (AddRequest("b", PROMPT[:8] + [99]), Lookup("b"), Allocate("b", 1)):
+            b.run(ev)
+        answers[release] = b.run(GetNumCommonPrefixBlocks("a"))["blocks"]
+    # a and b hold the same two full blocks (b hit them).
+    assert answers == {"0.31": [2], "0.32": [0]}
