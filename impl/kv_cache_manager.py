@@ -533,8 +533,8 @@ class KVCacheManager:
         for group, blocks in zip(self.kv_cache_config.kv_cache_groups,
                                  self.get_blocks(request.request_id).blocks):
             spec = group.kv_cache_spec
-            if not (not spec.reads_encoder_tokens if every_group
-                    else spec.counts_cached_tokens):
+            counts = not spec.reads_encoder_tokens if every_group else spec.counts_cached_tokens
+            if not counts:
                 continue
             keyed = max((b.block_hash_num_tokens or 0 for b in blocks), default=0)
             least = keyed if least is None else min(least, keyed)

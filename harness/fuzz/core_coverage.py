@@ -86,8 +86,8 @@ def combined(data_dir: str, html_dir: str | None = None) -> CoreBranches | None:
     (every branch of the KV core, taken or not, by file)."""
     import coverage
 
-    suffixed = [f for f in os.listdir(data_dir) if f.startswith(_DATA + ".")] \
-        if os.path.isdir(data_dir) else []
+    names = os.listdir(data_dir) if os.path.isdir(data_dir) else []
+    suffixed = [f for f in names if f.startswith(_DATA + ".")]
     if not suffixed:
         return None
     cov = _coverage(data_dir)
