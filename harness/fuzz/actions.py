@@ -31,6 +31,13 @@ class New:
     embeds_seed: int | None = None
 
 
+def items_inside(items: tuple[tuple[str, int, int], ...],
+                 length: int) -> tuple[tuple[str, int, int], ...]:
+    """The multimodal items that end within a prompt of `length` tokens (a
+    trace refuses any other)."""
+    return tuple(m for m in items if m[1] + m[2] <= length)
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """Schedule up to `num_new_tokens` of the request's unscheduled tokens.

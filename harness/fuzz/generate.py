@@ -28,6 +28,7 @@ from harness.fuzz.actions import (
     Sample,
     Schedule,
     StepBoundary,
+    items_inside,
 )
 from harness.fuzz.configs import draw_cache_config, templates
 from impl.block_hash import HASH_FUNCTIONS
@@ -240,7 +241,7 @@ class _Program:
         if fc.p_mm > 0 and rng.random() < fc.p_mm:
             layout = (self.doc_items[doc] if rng.random() < 0.8
                       else _items(rng, len(prompt), bs))
-            mm = tuple(m for m in layout if m[1] + m[2] <= len(prompt))
+            mm = items_inside(layout, len(prompt))
         embeds = (rng.randrange(3) if fc.p_prompt_embeds > 0
                   and rng.random() < fc.p_prompt_embeds else None)
         self.created.append(len(self.created))

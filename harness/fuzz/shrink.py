@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from harness.core.cache_config import CacheConfig
-from harness.fuzz.actions import Action, Evict, New, Sample, Schedule
+from harness.fuzz.actions import Action, Evict, New, Sample, Schedule, items_inside
 
 Predicate = Callable[[CacheConfig, list[Action]], bool]
 
@@ -75,9 +75,11 @@ def _simpler(a: Action) -> list[Action]:
         p = a.prompt
         for cut in (len(p) // 2, len(p) - 1):
             if 1 <= cut < len(p):
-                out.append(replace(a, prompt=p[:cut]))
+                out.append(replace(a, prompt=p[:cut], mm=items_inside(a.mm, cut)))
         if a.cache_salt is not None or a.lora is not None:
             out.append(replace(a, cache_salt=None, lora=None))
+        if a.mm or a.embeds_seed is not None:
+            out.append(replace(a, mm=(), embeds_seed=None))
         if any(t != 0 for t in p):
             out.append(replace(a, prompt=tuple(0 for _ in p)))
     elif isinstance(a, Schedule):

@@ -16,3 +16,19 @@ def test_shrinks_to_what_the_predicate_needs():
     assert small_config.num_blocks == 5
     assert small_config.groups[0].block_size == 1
     assert small == [New(0, (0,)), Schedule(0, 4096)]
+
+
+def test_a_shorter_prompt_keeps_only_the_items_inside_it():
+    # A trace refuses items past the prompt: every candidate the shrinker
+    # tries must stay writable (the Ray campaign's findings failed to replay).
+    config = CacheConfig(num_blocks=8, groups=(GroupConfig(4),))
+    new = New(0, tuple(range(8)), mm=(("img-0", 0, 2), ("img-1", 5, 3)), embeds_seed=1)
+    tried = []
+
+    def fails(c, a):
+        tried.extend(x for x in a if isinstance(x, New))
+        return any(isinstance(x, New) and x.mm[:1] == (("img-0", 0, 2),) for x in a)
+
+    _, small = shrink(config, [new], fails)
+    assert all(m[1] + m[2] <= len(x.prompt) for x in tried for m in x.mm)
+    assert small[0].mm == (("img-0", 0, 2),) and len(small[0].prompt) < 8
