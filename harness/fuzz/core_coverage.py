@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 
 CORE_PACKAGES = ("vllm.v1.core", "vllm.v1.kv_offload")
 _DATA = ".coverage"
@@ -49,21 +50,76 @@ def _coverage(data_dir: str, suffix: str | None = None):
     return cov
 
 
+def _suffix(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]", "_", name)
+
+
+# A slice's data file is whole once its name is in here (the budget's
+# steering reads the slices that explored first, harness/fuzz/steering.py).
+_DONE = "done"
+
+
 @contextmanager
 def measured(data_dir: str | None, name: str) -> Iterator[None]:
     """vLLM's KV core measured while the block runs, saved as slice `name`'s
-    data file in `data_dir` (nothing measured when data_dir is None)."""
-    if data_dir is None or not core_dirs():
+    data file in `data_dir` (nothing measured when data_dir is None); the
+    slice is marked done even where nothing could be measured."""
+    if data_dir is None:
         yield
         return
-    os.makedirs(data_dir, exist_ok=True)
-    cov = _coverage(data_dir, re.sub(r"[^A-Za-z0-9_.=-]", "_", name))
-    cov.start()
+    os.makedirs(os.path.join(data_dir, _DONE), exist_ok=True)
+    cov = _coverage(data_dir, _suffix(name)) if core_dirs() else None
+    if cov is not None:
+        cov.start()
     try:
         yield
     finally:
-        cov.stop()
-        cov.save()
+        if cov is not None:
+            cov.stop()
+            cov.save()
+        with open(os.path.join(data_dir, _DONE, _suffix(name)), "w"):
+            pass
+
+
+def is_done(data_dir: str, name: str) -> bool:
+    return os.path.exists(os.path.join(data_dir, _DONE, _suffix(name)))
+
+
+def arcs_of(data_dir: str, name: str) -> frozenset[tuple[str, int, int]]:
+    """The code paths (file, from line, to line) slice `name` took inside
+    functions of vLLM's KV core; none where it measured nothing. Module-level
+    lines are left out: they run once per process, at import, so only the
+    first slice of each worker would have them."""
+    import coverage
+
+    path = os.path.join(data_dir, f"{_DATA}.{_suffix(name)}")
+    if not os.path.exists(path):
+        return frozenset()
+    data = coverage.CoverageData(basename=path)
+    data.read()
+    arcs = set()
+    for f in data.measured_files():
+        body = _function_lines(f)
+        arcs.update((f, a, b) for a, b in (data.arcs(f) or ()) if a in body)
+    return frozenset(arcs)
+
+
+@cache
+def _function_lines(path: str) -> frozenset[int]:
+    """The lines of a source file inside function bodies (not the def lines,
+    which run at import)."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            lines.update(range(node.body[0].lineno, (node.end_lineno or 0) + 1))
+    return frozenset(lines)
 
 
 @dataclass(slots=True, frozen=True)

@@ -6,6 +6,12 @@ lengths at and around block multiples, growth by one token and by many,
 lookahead, connector tokens (sync and async with delayed caching), finish in
 any order, preemption, reset and eviction mid-run, salts and LoRA, pools from a
 handful of blocks (always nearly full) to thousands.
+
+Bursts bias a program toward one scheduler step in which several requests
+meet on the same blocks: admitted together from one document's prefix, cut
+around the same block boundary (shared full blocks, partial tails, hits that
+end inside a block, so copy-on-write where the config has it), one of them
+perhaps preempted before the step ends.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class FuzzConfig:
     weights: dict = field(default_factory=lambda: {
         "new": 14, "schedule": 30, "sample": 22, "finish": 8, "preempt": 4,
         "finish_load": 3, "reset": 1, "evict": 2, "step": 3, "observe": 6,
+        # Several requests meeting on the same blocks within one step.
+        "burst": 3,
         # HiSparse's workers reporting (a HiSparse kind config weights it).
         "ack": 0,
     })
@@ -183,7 +191,7 @@ def _items(rng: random.Random, length: int, bs: int) -> tuple[tuple[str, int, in
 
 # The ops a program draws, each by its `_Program._<op>` method.
 _OPS = ("new", "schedule", "sample", "finish", "preempt", "finish_load", "ack", "reset",
-        "evict", "step", "observe")
+        "evict", "step", "observe", "burst")
 
 
 class _Program:
@@ -234,7 +242,12 @@ class _Program:
         rng, fc, bs = self.rng, self.fc, self.bs
         n_blocks = rng.randint(0, fc.max_prompt_blocks)
         cut = max(1, n_blocks * bs + rng.choice((0, 0, 0, 1, -1)))
-        doc = rng.randrange(len(self.docs))
+        self._add_request(rng.randrange(len(self.docs)), cut)
+
+    def _add_request(self, doc: int, cut: int) -> int:
+        """A new request whose prompt starts with document `doc`'s first
+        `cut` tokens; its number."""
+        rng, fc, bs = self.rng, self.fc, self.bs
         prompt = self.docs[doc][:cut] + [
             rng.randrange(fc.vocab) for _ in range(rng.choice((0, 0, 1, bs, 2 * bs)))]
         mm: tuple[tuple[str, int, int], ...] = ()
@@ -253,6 +266,7 @@ class _Program:
             full_report=fc.p_full_report > 0 and rng.random() < fc.p_full_report,
             mm=mm, embeds_seed=embeds,
         ))
+        return self.created[-1]
 
     def _schedule(self) -> None:
         rng, bs, knobs = self.rng, self.bs, self.knobs
@@ -313,3 +327,25 @@ class _Program:
 
     def _observe(self) -> None:
         self.actions.append(Observe())
+
+    def _burst(self) -> None:
+        rng, bs = self.rng, self.bs
+        doc = rng.randrange(len(self.docs))
+        boundary = rng.randint(1, self.fc.max_prompt_blocks) * bs
+        self.actions.append(StepBoundary())
+        reqs = []
+        for _ in range(rng.randint(2, 4)):
+            # Around the same boundary: equal full blocks, one token short of
+            # it or past it, or half a block in (a hit ending inside a block).
+            cut = max(1, boundary + rng.choice((0, 0, -1, 1, bs // 2)))
+            req = self._add_request(doc, cut)
+            reqs.append(req)
+            self.actions.append(Schedule(req, rng.choice((1 << 12, 1 << 12, bs, 1)),
+                                         lookahead=rng.choice((0, 0, 1))))
+        if rng.random() < 0.3:  # preempted before the step ends, then back
+            victim = rng.choice(reqs)
+            self.actions += [Preempt(victim), Schedule(victim, 1 << 12)]
+        for req in reqs:
+            if rng.random() < 0.5:
+                self.actions.append(Sample(req, (rng.randrange(self.fc.vocab),)))
+        self.actions.append(StepBoundary())

@@ -406,6 +406,27 @@ class FuzzItem(_CaseItem):
         return "fuzz", None, self.name
 
 
+class SteeredFuzzItem(FuzzItem):
+    """A slot of the budget's steered half: its kind config and seed are
+    chosen when it runs, from what the exploring slices reached."""
+
+    plan = None
+    slot: int = 0
+
+    def _run(self):
+        from dataclasses import replace
+
+        from harness.fuzz.core_coverage import measured
+        from harness.fuzz.steering import slice_name, steered_slot
+
+        data_dir = self.config.option.kvconform_core_coverage
+        s = steered_slot(self.plan, self.slot, data_dir)
+        self.kind, self.seed, self.seconds = s.kind, s.seed, s.seconds
+        with measured(data_dir, self.name):
+            case = self._slice()
+        return replace(case, name=slice_name(s.kind, s.seed), mode=f"{case.mode} ({s.why})")
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Add the workload and fuzz items the options ask for (after the traces;
     deterministic, so every xdist worker collects the same list)."""
@@ -424,13 +445,25 @@ def pytest_collection_modifyitems(session, config, items):
     if getattr(opts, "kvconform_fuzz_seconds", 0) > 0:
         from harness.backends.vllm_backend import installed_vllm_profile
         from harness.fuzz.slices import fuzz_slices
+        from harness.fuzz.steering import plan, slice_name
 
+        profile = installed_vllm_profile()
+        steer = getattr(opts, "kvconform_core_coverage", None) is not None
         fuzz_items = []
-        for kind, seed, seconds in fuzz_slices(opts.kvconform_fuzz_seconds,
-                                               opts.kvconform_fuzz_seed,
-                                               installed_vllm_profile()):
-            item = FuzzItem.from_parent(session, name=f"fuzz[{kind},seed={seed}]")
+        if steer:
+            p = plan(opts.kvconform_fuzz_seconds, opts.kvconform_fuzz_seed, profile)
+            slices = list(p.explore)
+        else:
+            slices = fuzz_slices(opts.kvconform_fuzz_seconds, opts.kvconform_fuzz_seed, profile)
+        for kind, seed, seconds in slices:
+            item = FuzzItem.from_parent(session, name=slice_name(kind, seed))
             item.kind, item.seed, item.seconds = kind, seed, seconds
             fuzz_items.append(item)
         # First, so that under xdist the campaigns start while traces run.
         items[:0] = fuzz_items
+        if steer:
+            # Last: by then every exploring slice has ended (steering.py).
+            for slot in range(p.slots):
+                item = SteeredFuzzItem.from_parent(session, name=f"fuzz[steered,slot={slot}]")
+                item.plan, item.slot = p, slot
+                items.append(item)
