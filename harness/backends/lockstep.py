@@ -46,6 +46,8 @@ _TITLES = {"vllm": "vLLM"}
 # a refusal even where impl answers. Any other exception where impl answers
 # (an IndexError, a KeyError) is a bug in vLLM.
 _REFUSALS = (AssertionError, ValueError)
+# How many of vLLM's frames a crash's site names.
+_SITE_FRAMES = 4
 # The checkpoint field that stands for the free queue's order.
 DIGEST = "free_queue_digest"
 
@@ -73,19 +75,39 @@ def _upstream(event: Event, backend: Backend, message: str, answers: dict) -> Fa
 
 def _refused(event: Event, reference: Backend, others: Sequence[Backend],
              e: Exception) -> Failure:
-    """The reference raised: a rejection when every other backend refuses
-    the call too (or it is the only one), else a bug in the reference."""
-    if isinstance(e, (BackendError, *_REFUSALS)) or not others:
+    """The reference raised: a rejection when it refused the call, or when
+    every other backend raises otherwise (the call is likely bad, neither
+    guards it); a bug in the reference where another answers. An exception
+    of vLLM that every other backend raises alike (impl mirrors a crash of
+    vLLM, as the reproducers of traces/upstream/ say), or that vLLM raises
+    alone, is a crash of vLLM: a bug there too."""
+    if isinstance(e, (BackendError, *_REFUSALS)):
         return _rejected(event, reference, e)
-    answers = {}
+    answers, alike = {}, True
     for other in others:
         try:
             answers[other.name] = other.run(event)
-        except Exception as theirs:  # noqa: BLE001 - it refuses the call too
+        except Exception as theirs:  # noqa: BLE001 - it raises too: recorded as such
             answers[other.name] = _raised(theirs)
+            alike = alike and type(theirs) is type(e)
             continue
-        return _upstream(event, reference, f"raises {_raised(e)}", answers)
+        return _upstream(event, reference, f"raises {_raised(e)}{_site(e)}", answers)
+    if alike and reference.name in _TITLES:
+        return _upstream(event, reference, f"crashes: {_raised(e)}{_site(e)}", answers)
     return _rejected(event, reference, e)
+
+
+def _site(e: BaseException) -> str:
+    """Where inside vLLM the exception was raised: its last frames in the
+    vllm package, outermost first, which tell a crash apart from others of
+    its type (a sidecar of traces/upstream/ names one of them)."""
+    chain = []
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("vllm."):
+            chain.append(tb.tb_frame.f_code.co_qualname)
+        tb = tb.tb_next
+    return f" (in {' > '.join(chain[-_SITE_FRAMES:])})" if chain else ""
 
 
 def _invariant(event: Event, answers: dict, backend: Backend, e: InvariantViolation) -> Failure:

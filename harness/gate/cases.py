@@ -222,48 +222,100 @@ def is_known_upstream(path: str) -> bool:
 
 
 def run_known_upstream(path: str, bug: dict) -> Case:
-    """The reproducer on vLLM alone: "known upstream bug" where vLLM still
-    does what the sidecar expects, "fixed in X" where it no longer does;
-    exit 0 either way. The sidecar expects an exception vLLM raises, or a
-    `finding`: the rule a reconciliation that tolerates the known bug
-    (a profile field) names when strict (specs/ORACLES.md §3)."""
+    """The reproducer on the installed vLLM alone, whichever release it was
+    recorded on: "known upstream bug" where vLLM still does what the sidecar
+    expects; where it does not, "fixed in X" on a release newer than every
+    one the sidecar lists as affected, "not in X" on an older one, "not
+    reproduced on X" between them; exit 0 whatever it says. The sidecar
+    expects an exception vLLM raises, or a `finding`: the rule a
+    reconciliation that tolerates the known bug (a profile field) names when
+    strict (specs/ORACLES.md §3)."""
     from harness.backends.vllm_backend import installed_vllm_version
-    from harness.sources.replay import check_trace
 
-    expected = bug["expected"]
-    if "finding" in expected:
-        events, seconds, said = _strict_finding(path, expected["call"])
-        reproduced, skipped = expected["finding"] in said, None
-    else:
-        o = check_trace(path, ["vllm"], explicit=False)
-        events, seconds, skipped = o.num_events, o.seconds, o.skipped
-        said = str(o.error) if o.error is not None else ""
-        reproduced = expected["exception"] in said
     release = installed_vllm_version().split("+")[0]
-    label = KNOWN_UPSTREAM if reproduced else f"fixed in {release}"
-    report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
+    events, seconds, said, skipped = _reproduce(path, bug["expected"])
     if skipped:
-        label, report = "skipped", f"{path}: {skipped}"
+        return Case(case_name(path), "trace", "upstream", events, seconds, ExitCode.OK,
+                    f"{path}: {skipped}", label="skipped")
+    label = KNOWN_UPSTREAM if said else _not_reproduced(release, bug["releases_affected"])
+    report = f"{path}: {label} ({bug['link']}){': ' + said if said else ''}"
     return Case(case_name(path), "trace", "upstream", events, seconds, ExitCode.OK,
                 report, label=label)
 
 
-def _strict_finding(path: str, call: int) -> tuple[int, float, str]:
-    """The trace on vLLM with every known bug failing: the events run, the
-    seconds, and the message of an UPSTREAM finding at `call` (1-based)
-    ("" when there is none there)."""
+def _not_reproduced(release: str, affected: list[str]) -> str:
+    from harness.core.vllm_releases import release_key
+
+    key = release_key(release)
+    if all(release_key(a) < key for a in affected):
+        return f"fixed in {release}"
+    if all(release_key(a) > key for a in affected):
+        return f"not in {release}"
+    return f"not reproduced on {release}"
+
+
+def _reproduce(path: str, expected: dict) -> tuple[int, float, str, str]:
+    """The trace's calls on the installed vLLM with its own profile (the
+    recorded answers are not compared: a later release may answer otherwise
+    and still have the bug): the events run, the seconds, the message of the
+    expected outcome at its call ("" when vLLM did otherwise), and why it
+    could not run here ("" when it ran). An `exception` is looked for with
+    the oracles off, a `finding` with every known bug failing."""
+    from harness.backends.base import BackendError
     from harness.backends.lockstep import run_lockstep
-    from harness.backends.vllm_backend import VllmBackend
+    from harness.backends.vllm_backend import EnvironmentProblem, VllmBackend
     from harness.core.compare import FailureKind
+    from harness.core.trace_error import TraceError
     from harness.trace.reader import open_trace
 
     start = time.perf_counter()
-    trace = open_trace(path)
-    backend = VllmBackend(trace.header.cache, trace.profile, check=True, strict=True)
+    finding = "finding" in expected
+    try:
+        trace = open_trace(path, any_version=True)
+        backend = VllmBackend(trace.header.cache, any_release=True, check=finding,
+                              strict=finding)
+    except (BackendError, EnvironmentProblem, TraceError) as e:
+        return 0, time.perf_counter() - start, "", f"not run on this release: {e}"
     result = run_lockstep((r.event for r in trace.records), [backend])
-    f = result.failure
-    found = (f is not None and f.kind is FailureKind.UPSTREAM and f.index == call - 1)
-    return result.num_events, time.perf_counter() - start, f.message if found else ""
+    f, seconds = result.failure, time.perf_counter() - start
+    if f is not None and f.index < expected["call"] - 1:
+        return (result.num_events, seconds, "",
+                f"not run to its call {expected['call']} on this release: "
+                f"{f.message or f.kind.value}")
+    if f is None or f.index != expected["call"] - 1:
+        return result.num_events, seconds, "", ""
+    if finding:
+        hit = f.kind is FailureKind.UPSTREAM and expected["finding"] in f.message
+    else:
+        hit = _is_crash(f, expected)
+    return result.num_events, seconds, f.message if hit else "", ""
+
+
+def _is_crash(failure, expected: dict) -> bool:
+    """Whether vLLM crashed as a sidecar's `expected` says: its exception
+    type, and the function of vLLM it came from where the sidecar names one."""
+    message = failure.message or ""
+    site = expected.get("in")
+    chain = message.rsplit(" (in ", 1)[-1].rstrip(")").split(" > ") if " (in " in message else []
+    return expected["exception"] in message and (site is None or site in chain)
+
+
+def known_upstream_crash(failure) -> str | None:
+    """The reproducer (traces/upstream/) of a known crash of vLLM that a
+    fuzz finding is another case of (same exception, same function of vLLM),
+    or None. A fuzz slice that finds one reports it and passes, as the
+    reproducer does; the slice ends there."""
+    import json
+
+    from harness.core.compare import FailureKind
+
+    if failure is None or failure.kind is not FailureKind.UPSTREAM:
+        return None
+    for side in sorted((TRACES_DIR / "upstream").glob(f"*{BUG_SIDECAR}")):
+        expected = json.loads(side.read_text(encoding="utf-8"))["expected"]
+        if "exception" in expected and "in" in expected and _is_crash(failure, expected):
+            return str(side.relative_to(ROOT)).removesuffix(BUG_SIDECAR) + ".jsonl"
+    return None
 
 
 def run_trace(path: str, backend: str = "impl") -> Case:
@@ -519,6 +571,10 @@ def fuzz_case(name: str, r, backend: str = "impl") -> Case:
         return Case(name, "fuzz", mode, r.ops, r.seconds, ExitCode.OK)
     report = (f"fuzz case {f.case} failed, shrunk to {f.num_calls} calls, written to "
               f"{f.path}\n{format_failure(f.failure)}\nreplay it: {f.replay_command()}")
+    if (known := known_upstream_crash(f.failure)) is not None:
+        return Case(name, "fuzz", f"{mode}, ended by a known bug", r.ops, r.seconds,
+                    ExitCode.OK, f"{report}\nthe known upstream bug of {known}",
+                    label=KNOWN_UPSTREAM)
     return Case(name, "fuzz", mode, r.ops, r.seconds, f.failure.exit_code, report,
                 label=_label(f.failure))
 

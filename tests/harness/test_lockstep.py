@@ -79,6 +79,21 @@ def test_a_vllm_raise_impl_answers_is_upstream_exit_1():
     assert f.kind is FailureKind.REJECTED and f.exit_code == 2
 
 
+def test_a_crash_of_vllm_impl_mirrors_or_vllm_alone_raises_is_upstream():
+    # impl raising the same type mirrors a known crash of vLLM (traces/upstream/);
+    # it is vLLM's bug all the same, never bad input.
+    f = run_event(EVENT, Fake("vllm", IndexError("out of range")),
+                  (Fake("impl", IndexError("block 1 of 1")),))
+    assert f.kind is FailureKind.UPSTREAM and f.exit_code == 1
+    assert f.message == "vLLM is wrong: crashes: IndexError: out of range"
+    assert f.answers["impl"] == "IndexError: block 1 of 1"
+    f = run_event(EVENT, Fake("vllm", KeyError("r")), ())
+    assert f.kind is FailureKind.UPSTREAM and "crashes: KeyError" in f.message
+    # impl alone is no oracle of vLLM: its exception stays a rejection.
+    f = run_event(EVENT, Fake("impl", KeyError("r")), ())
+    assert f.kind is FailureKind.REJECTED
+
+
 def test_ctrl_c_is_not_swallowed():
     with pytest.raises(KeyboardInterrupt):
         run_event(EVENT, Fake("vllm", KeyboardInterrupt()), ())

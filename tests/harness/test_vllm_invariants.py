@@ -2,7 +2,9 @@
 silent on the real vLLM, and each rule catches a bug injected into vLLM's
 pool (the watched instance's methods patched in the test; the installed
 package is never edited), naming the step and the block. A vLLM raise where
-impl answers is UPSTREAM; where impl refuses too, REJECTED."""
+impl answers, or that impl mirrors, is UPSTREAM; where impl refuses
+otherwise, REJECTED. The reproducers of traces/upstream/ run on whichever
+release is installed, and a fuzz finding of a known crash passes as it."""
 
 from __future__ import annotations
 
@@ -211,6 +213,53 @@ def test_a_bug_vllm_no_longer_shows_is_fixed_in_the_release(tmp_path):
          "link": "https://example.invalid/bug"}))
     case = run_trace(str(tmp_path / "bug.jsonl"))
     assert case.verdict.startswith("fixed in ") and case.exit_code == ExitCode.OK
+
+
+def test_a_crash_impl_mirrors_is_upstream_and_names_vllm_s_function(capsys):
+    from harness.cli.main import main
+
+    code = main(["diff", REPRO])
+    out = capsys.readouterr().out
+    assert code == ExitCode.DIVERGED, out
+    assert "vLLM is wrong: crashes: IndexError" in out
+    assert "BlockPool.emit_cached_block_events" in out
+
+
+def test_a_fuzz_finding_of_a_known_crash_passes_and_another_does_not():
+    from harness.core.compare import Failure
+    from harness.gate.cases import known_upstream_crash
+
+    def crash(site):
+        return Failure(FailureKind.UPSTREAM, Lookup("r"), {}, "lookup", backend="vllm",
+                       message=f"vLLM is wrong: crashes: IndexError: list index out of "
+                               f"range (in {site})")
+
+    known = crash("KVCacheCoordinator.emit_cached_block_events > "
+                  "BlockPool.emit_cached_block_events > BlockHashListWithBlockSize.__getitem__")
+    assert known_upstream_crash(known).startswith("traces/upstream/emit-cached-block-events")
+    assert known_upstream_crash(crash("BlockPool.get_new_blocks")) is None
+    assert known_upstream_crash(Failure(FailureKind.DIVERGED, Lookup("r"), {}, "x")) is None
+
+
+def test_a_reproducer_recorded_on_another_release_runs_on_the_installed_one():
+    import vllm
+
+    from harness.gate.cases import run_trace
+
+    if not vllm.__version__.startswith("0.32.0"):
+        pytest.skip(f"the labels below are 0.32.0's, {vllm.__version__} is installed")
+    # Recorded on 0.33.0, affecting only it: it runs here and vLLM answers.
+    case = run_trace("traces/upstream/emit-cached-block-events-sub-block-hit.jsonl")
+    assert (case.verdict, case.events, case.exit_code) == ("not in 0.32.0", 6, ExitCode.OK)
+
+
+def test_a_release_outside_the_affected_ones_is_labelled_by_where_it_lies():
+    from harness.gate.cases import _not_reproduced
+
+    affected = ["0.26.0", "0.30.0"]
+    assert _not_reproduced("0.25.1", affected) == "not in 0.25.1"
+    assert _not_reproduced("0.28.0", affected) == "not reproduced on 0.28.0"
+    assert _not_reproduced("0.31.0", affected) == "fixed in 0.31.0"
 
 
 def test_the_watch_passes_on_what_a_release_s_pool_methods_take():
