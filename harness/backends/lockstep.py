@@ -42,10 +42,11 @@ from impl.invariants import InvariantViolation
 # How a backend is named in a one-line rejection.
 _TITLES = {"vllm": "vLLM"}
 # How vLLM refuses a call it does not take (its argument asserts, its
-# ValueErrors), which trace/rules.py mirrors up front and impl need not:
-# a refusal even where impl answers. Any other exception where impl answers
-# (an IndexError, a KeyError) is a bug in vLLM.
-_REFUSALS = (AssertionError, ValueError)
+# ValueErrors, a manager that says it does not do this, as cross-attention
+# does for prefix caching), which trace/rules.py mirrors up front and impl
+# need not: a refusal even where impl answers. Any other exception where impl
+# answers (an IndexError, a KeyError) is a bug in vLLM.
+_REFUSALS = (AssertionError, ValueError, NotImplementedError)
 # How many of vLLM's frames a crash's site names.
 _SITE_FRAMES = 4
 # The checkpoint field that stands for the free queue's order.

@@ -117,9 +117,12 @@ def run_gate_on_ray(address: str | None, workers: int | None, paths: list[str],
 
 def _fuzz_row(r, seed: int, seconds: float) -> Case:
     """The distributed campaign (RayCampaignResult) as one gate row: every
-    distinct finding, the units that did not come back, or too few cases."""
+    distinct finding, the units that did not come back, or too few cases.
+    A finding that is a known crash of vLLM (traces/upstream/) is listed with
+    its reproducer and passes, as on the gate's own fuzz slices."""
+    from harness.core.exit_codes import worst
     from harness.fuzz.campaign import MIN_CASES
-    from harness.gate.cases import TOO_FEW_CASES
+    from harness.gate.cases import KNOWN_UPSTREAM, TOO_FEW_CASES, known_upstream_crash
     from harness.report.text import format_failure
 
     name = f"fuzz[ray,seed={seed},seconds={seconds:g},workers={r.workers}]"
@@ -127,13 +130,23 @@ def _fuzz_row(r, seed: int, seconds: float) -> Case:
     lines = []
     if r.findings:
         lines.append(f"{len(r.findings)} distinct findings (by shrunk signature):")
+    codes = []
     for f in r.findings:
         lines += [f"{f.path} ({f.config_name} case {f.case}, {f.num_calls} calls, "
                   f"{f.duplicates} duplicates)", format_failure(f.failure)]
+        if (known := known_upstream_crash(f.failure)) is not None:
+            lines.append(f"the known upstream bug of {known}")
+        else:
+            codes.append(f.failure.exit_code)
     lines += [f"a unit did not come back: {u}" for u in r.lost_units]
     label = ""
+    if r.findings and not codes:
+        label = KNOWN_UPSTREAM
     if not r.findings and r.too_few_cases:
         label = TOO_FEW_CASES
         lines.append(f"warning: only {r.cases} cases in {r.seconds:.1f}s: too few to mean "
                      f"anything (a campaign needs at least {MIN_CASES})")
-    return Case(name, "fuzz", mode, r.ops, r.seconds, r.exit_code, "\n".join(lines), label=label)
+    if r.lost_units or (not r.findings and r.too_few_cases):
+        codes.append(ExitCode.ENVIRONMENT)
+    return Case(name, "fuzz", mode, r.ops, r.seconds, worst(codes), "\n".join(lines),
+                label=label)

@@ -241,6 +241,28 @@ def test_a_fuzz_finding_of_a_known_crash_passes_and_another_does_not():
     assert known_upstream_crash(Failure(FailureKind.DIVERGED, Lookup("r"), {}, "x")) is None
 
 
+def test_the_ray_gate_passes_a_known_crash_and_fails_on_any_other_finding():
+    from harness.core.compare import Failure
+    from harness.fuzz.distributed import RayCampaignResult, RayFinding
+    from harness.gate.cases import KNOWN_UPSTREAM
+    from harness.gate.on_ray import _fuzz_row
+
+    def finding(site):
+        f = Failure(FailureKind.UPSTREAM, Lookup("r"), {}, "lookup", backend="vllm",
+                    message=f"vLLM is wrong: crashes: IndexError: list index out of range "
+                            f"(in {site})")
+        return RayFinding((site,), f"out/{site}.jsonl", "mamba_eagle", 0, 8, 6, f)
+
+    known = finding("KVCacheCoordinator.emit_cached_block_events > "
+                    "BlockPool.emit_cached_block_events")
+    other = finding("BlockPool.get_new_blocks")
+    only_known = _fuzz_row(RayCampaignResult(cases=500, workers=2, findings=[known]), 0, 30)
+    assert (only_known.exit_code, only_known.verdict) == (ExitCode.OK, KNOWN_UPSTREAM)
+    assert "traces/upstream/emit-cached-block-events" in only_known.report
+    both = _fuzz_row(RayCampaignResult(cases=500, workers=2, findings=[known, other]), 0, 30)
+    assert both.exit_code == ExitCode.DIVERGED
+
+
 def test_a_reproducer_recorded_on_another_release_runs_on_the_installed_one():
     import vllm
 
