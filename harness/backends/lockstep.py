@@ -39,8 +39,10 @@ from harness.core.compare import Failure, FailureKind, first_difference
 from harness.core.events import Event, EventStream
 from impl.invariants import InvariantViolation
 
-# How a backend is named in a one-line rejection.
-_TITLES = {"vllm": "vLLM"}
+# The backend whose crashes are findings of their own (the oracle of vLLM),
+# and how a backend is named in a one-line rejection.
+_VLLM = "vllm"
+_TITLES = {_VLLM: "vLLM"}
 # How vLLM refuses a call it does not take (its argument asserts, its
 # ValueErrors, a manager that says it does not do this, as cross-attention
 # does for prefix caching), which trace/rules.py mirrors up front and impl
@@ -93,7 +95,7 @@ def _refused(event: Event, reference: Backend, others: Sequence[Backend],
             alike = alike and type(theirs) is type(e)
             continue
         return _upstream(event, reference, f"raises {_raised(e)}{_site(e)}", answers)
-    if alike and reference.name in _TITLES:
+    if alike and reference.name == _VLLM:
         return _upstream(event, reference, f"crashes: {_raised(e)}{_site(e)}", answers)
     return _rejected(event, reference, e)
 
@@ -109,6 +111,14 @@ def _site(e: BaseException) -> str:
             chain.append(tb.tb_frame.f_code.co_qualname)
         tb = tb.tb_next
     return f" (in {' > '.join(chain[-_SITE_FRAMES:])})" if chain else ""
+
+
+def crash_site(message: str) -> list[str]:
+    """The functions of vLLM that a crash's message names (_site), outermost
+    first; [] when it names none."""
+    if " (in " not in message:
+        return []
+    return message.rsplit(" (in ", 1)[1].rstrip(")").split(" > ")
 
 
 def _invariant(event: Event, answers: dict, backend: Backend, e: InvariantViolation) -> Failure:

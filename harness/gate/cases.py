@@ -294,10 +294,11 @@ def _reproduce(path: str, expected: dict) -> tuple[int, float, str, str]:
 def _is_crash(failure, expected: dict) -> bool:
     """Whether vLLM crashed as a sidecar's `expected` says: its exception
     type, and the function of vLLM it came from where the sidecar names one."""
+    from harness.backends.lockstep import crash_site
+
     message = failure.message or ""
     site = expected.get("in")
-    chain = message.rsplit(" (in ", 1)[-1].rstrip(")").split(" > ") if " (in " in message else []
-    return expected["exception"] in message and (site is None or site in chain)
+    return expected["exception"] in message and (site is None or site in crash_site(message))
 
 
 def known_upstream_crash(failure) -> str | None:
