@@ -115,7 +115,8 @@ def test_ray_fuzz_one_worker_vs_two(benchmark, tmp_path):
                     [sys.executable, "-m", "harness.cli.main", "fuzz", "--ray", head.address,
                      "--workers", str(workers), "--seconds", str(RAY_SECONDS), "--seed", "1",
                      "--out", str(tmp_path / f"{workers}-{i}")],
-                    capture_output=True, text=True, timeout=1800, cwd=ROOT)
+                    capture_output=True, text=True, timeout=1800, cwd=ROOT,
+                    env=head.client_env())
                 assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
                 m = _RAY_TOTALS.search(done.stdout)
                 assert m is not None, done.stdout[-1500:]

@@ -15,13 +15,26 @@ the moment it arrives.
 `local_head` starts a one-machine cluster on loopback for tests and benchmarks
 (`ray start --head --block` on free ports, in its own temporary folder) and
 stops it by its process id: `ray stop` would stop every Ray on the machine.
+
+Authentication: since Ray 2.59 a cluster may require a token, and where Ray
+is left to choose, the head and a client decide apart (each from whether
+~/.ray/auth_token exists when it starts, a file any local `ray.init()` may
+create meanwhile), so a client could be refused by a head started a moment
+before. The clusters kvconform starts therefore always use a token of their
+own, in their own folder: `local_head` gives it to its clients
+(`LocalHead.client_env`), and the private cluster of a run without an
+address sets it for the processes it starts. A cluster someone else started
+is joined with Ray's own settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or
+RAY_AUTH_TOKEN_PATH), untouched.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -40,6 +53,7 @@ RAY_EXTRA = "pip install -e '.[ray]'"
 # told this is a one-machine cluster; servers then bind 127.0.0.1 only.
 _LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_AUTH_MODE, _AUTH_TOKEN, _AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 
 
 def require_ray(address: str | None = None):
@@ -74,6 +88,7 @@ def connect(address: str | None):
                                    configure_logging=False)
     if address is None:
         options.update(include_dashboard=False)
+        _own_token_for_private_cluster()
     try:
         ray.init(address=address, **options)
     except Exception as e:  # noqa: BLE001 - Ray's many connection errors: one line
@@ -81,6 +96,30 @@ def connect(address: str | None):
         raise CommandError(f"cannot start or reach a Ray cluster {where}: "
                            f"{type(e).__name__}: {e}", ExitCode.ENVIRONMENT) from None
     return ray
+
+
+def _write_token(folder: str) -> str:
+    """A fresh token in `folder`, readable by this user only; its path."""
+    path = os.path.join(folder, "auth_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def _auth_env(token_path: str) -> dict[str, str]:
+    return {_AUTH_MODE: "token", _AUTH_TOKEN_PATH: token_path}
+
+
+def _own_token_for_private_cluster() -> None:
+    """The private cluster `ray.init()` starts gets a token of its own (its
+    processes inherit this environment), unless the user chose Ray's
+    authentication settings."""
+    if any(os.environ.get(k) for k in (_AUTH_MODE, _AUTH_TOKEN, _AUTH_TOKEN_PATH)):
+        return
+    folder = tempfile.mkdtemp(prefix="kvconform-ray-auth-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ.update(_auth_env(_write_token(folder)))
 
 
 def cluster_cpus(ray) -> int:
@@ -215,6 +254,14 @@ class LocalHead:
     address: str
     pid: int
     temp_dir: str
+    token_path: str
+
+    def client_env(self) -> dict[str, str]:
+        """The environment of a process that joins this head (this one's,
+        plus the head's token, which a RAY_AUTH_TOKEN set here would override)."""
+        env = {**os.environ, **_auth_env(self.token_path)}
+        env.pop(_AUTH_TOKEN, None)
+        return env
 
 
 @contextlib.contextmanager
@@ -236,11 +283,12 @@ def local_head(num_cpus: int = 2, timeout: float = 300.0) -> Iterator[LocalHead]
            "--dashboard-agent-grpc-port", str(agent_grpc),
            "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
            "--dashboard-port", str(dashboard), "--worker-port-list", ",".join(map(str, workers))]
+    head = LocalHead(f"127.0.0.1:{gcs}", 0, temp_dir, _write_token(temp_dir))
     log = open(os.path.join(temp_dir, "head.log"), "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, _LOOPBACK_ONLY: "0"},
+                            env={**head.client_env(), _LOOPBACK_ONLY: "0"},
                             preexec_fn=_die_with_parent)
-    head = LocalHead(f"127.0.0.1:{gcs}", proc.pid, temp_dir)
+    head.pid = proc.pid
     try:
         _wait_started(proc, os.path.join(temp_dir, "head.log"), timeout)
         yield head

@@ -30,9 +30,11 @@ def head():
         yield h
 
 
-def kvconform(*args: str) -> subprocess.CompletedProcess:
+def kvconform(*args: str, head=None) -> subprocess.CompletedProcess:
+    """The CLI in its own process; with `head`, joined to it (its token)."""
     return subprocess.run([sys.executable, "-m", "harness.cli.main", *args], capture_output=True,
-                          text=True, timeout=1800, cwd=ROOT)
+                          text=True, timeout=1800, cwd=ROOT,
+                          env=head.client_env() if head else None)
 
 
 def _totals(stdout: str) -> str:
@@ -42,7 +44,7 @@ def _totals(stdout: str) -> str:
 def test_fuzz_spreads_kind_configs_and_runs_the_same_cases_on_any_number_of_workers(
         head, tmp_path):
     two = kvconform("fuzz", "--ray", head.address, "--max-cases", str(CASES),
-                    "--seconds", FOREVER, "--out", str(tmp_path))
+                    "--seconds", FOREVER, "--out", str(tmp_path), head=head)
     assert two.returncode == 0, two.stdout + two.stderr
     names = kind_configs()
     assert f"2 workers, {len(names)} configs, {CASES} cases" in two.stdout
@@ -51,7 +53,7 @@ def test_fuzz_spreads_kind_configs_and_runs_the_same_cases_on_any_number_of_work
     assert sum(shares) == CASES and min(shares) >= CASES // len(names)
     assert "no divergence" in two.stdout and "not counted" in two.stderr
     one = kvconform("fuzz", "--ray", head.address, "--workers", "1", "--max-cases", str(CASES),
-                    "--seconds", FOREVER, "--out", str(tmp_path))
+                    "--seconds", FOREVER, "--out", str(tmp_path), head=head)
     assert one.returncode == 0, one.stdout + one.stderr
     assert "1 workers" in one.stdout
     assert _totals(one.stdout) == _totals(two.stdout)
@@ -61,7 +63,8 @@ def test_fuzz_spreads_kind_configs_and_runs_the_same_cases_on_any_number_of_work
 def test_findings_stream_back_deduplicated_as_regression_traces(head, tmp_path):
     out = tmp_path / "findings"
     p = kvconform("fuzz", "--ray", head.address, "--max-cases", str(CASES),
-                  "--seconds", FOREVER, "--out", str(out), "--inject-fault", "touch-keeps-free")
+                  "--seconds", FOREVER, "--out", str(out), "--inject-fault", "touch-keeps-free",
+                  head=head)
     assert p.returncode == 1, p.stdout + p.stderr
     m = re.search(r"(\d+) distinct findings \((\d+) duplicates by shrunk signature\)", p.stdout)
     distinct, duplicates = int(m.group(1)), int(m.group(2))
@@ -89,7 +92,7 @@ def test_gate_runs_the_corpus_on_the_workers(head, tmp_path):
     (corpus / "bad.yaml").write_text(bad)
     junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
     p = kvconform("gate", "--ray", head.address, str(corpus), "--fuzz-seconds", "0",
-                  "--junit", str(junit), "--summary", str(summary))
+                  "--junit", str(junit), "--summary", str(summary), head=head)
     assert p.returncode == 1, p.stdout + p.stderr
     rows = {line.split()[0]: line for line in p.stdout.splitlines()
             if line.startswith((str(corpus), "workload-"))}
@@ -101,3 +104,16 @@ def test_gate_runs_the_corpus_on_the_workers(head, tmp_path):
     xml = junit.read_text()
     assert xml.count("<testcase ") == len(WORKLOADS) + 2 and 'failures="1"' in xml
     assert "bad.yaml" in summary.read_text()
+
+
+def test_the_local_head_admits_its_own_token_only(head, tmp_path):
+    """The head kvconform starts holds a token of its own: a client without
+    it is refused (exit 3, the environment), and a stray ~/.ray token, which
+    any local ray.init() may write, cannot stand in for it (CI failed so)."""
+    env = {**head.client_env(), "RAY_AUTH_TOKEN": "not-the-heads-token"}
+    p = subprocess.run([sys.executable, "-m", "harness.cli.main", "fuzz", "--ray", head.address,
+                        "--max-cases", "1", "--seconds", FOREVER, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stderr.splitlines()[-1].startswith(
+        f"kvconform: cannot start or reach a Ray cluster at {head.address}")
