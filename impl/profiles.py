@@ -137,12 +137,23 @@ class ContextParallelBlockSize(str, Enum):
 
     # 0.17-0.25: block_size * dcp * pcp, for every kind.
     DCP_TIMES_PCP = "dcp_times_pcp"
-    # 0.26-0.30: block_size * dcp, for every kind (Mamba included); pcp no
+    # 0.26-0.28: block_size * dcp, for every kind (Mamba included); pcp no
     # longer scales blocks.
     DCP_ALL_KINDS = "dcp_all_kinds"
+    # 0.29-0.30: block_size * dcp for full-attention specs (MLA and the other
+    # kinds built on full attention, which vLLM shards across DCP ranks);
+    # every other kind keeps its block size (replicated state and windows).
+    DCP_FULL_ATTENTION = "dcp_full_attention"
     # 0.31+: block_size * dcp, only for specs whose KV is sharded across DCP
     # ranks (attention); Mamba state is replicated and keeps its block size.
     DCP_IF_SHARDED = "dcp_if_sharded"
+
+    @property
+    def spec_says_sharding(self) -> bool:
+        """Whether a spec says itself if DCP shards it (`dcp_sharded`, 0.31+):
+        before, the kind decides, and a replicated attention spec cannot be
+        built."""
+        return self is ContextParallelBlockSize.DCP_IF_SHARDED
 
 
 class ExternalBlocksOrder(str, Enum):
@@ -335,7 +346,7 @@ class EagleDropGroups(str, Enum):
     `eagle_group_ids` is the same in both: the groups flagged as draft
     groups, or all of them when none is flagged and `use_eagle` is set."""
 
-    # 0.31-0.32: every group of eagle_group_ids drops, use_eagle or not.
+    # 0.30-0.32: every group of eagle_group_ids drops, use_eagle or not.
     FLAGGED_OR_ALL = "flagged_or_all"
     # 0.33: those groups drop only when use_eagle is set.
     FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
@@ -359,6 +370,22 @@ class HiSparseResidency(str, Enum):
     # connector runs a step's work (`advance_scheduled`) and reads page-level
     # updates (`take_residency_updates`).
     OVERLAY = "overlay"
+
+
+class HiSparseHostCapacity(str, Enum):
+    """What HiSparse's source group does when its host pool cannot back a
+    page (specs/KV_CACHE_MANAGER.md section 14.2). Read only with HiSparse
+    groups (none before 0.30)."""
+
+    # 0.17-0.30 (read in 0.30): best effort. Only pages a connector loads,
+    # and a partial hit's private copy, need host blocks for the allocation
+    # to go ahead; any other page that finds no free host block keeps a null
+    # host entry (never written back, its GPU copy stays pinned), the copy
+    # first.
+    BEST_EFFORT = "best_effort"
+    # 0.31+: every page takes a host block; an allocation the host pool
+    # cannot back is refused.
+    EVERY_PAGE = "every_page"
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +479,7 @@ class VersionProfile:
     mamba_release_lags_speculative_blocks: bool
     # Which groups drop a unit of each hit for EAGLE / MTP; None: this
     # release's hybrid EAGLE lookups are not modelled (0.17-0.19 drop on every
-    # pass of the hybrid loop; 0.20-0.30 are unread), so a hybrid manager
+    # pass of the hybrid loop; 0.20-0.29 are unread), so a hybrid manager
     # with EAGLE is refused.
     eagle_drop_groups: EagleDropGroups | None
     # How far a dropping hybrid lookup may look past its candidate (by the
@@ -461,6 +488,10 @@ class VersionProfile:
     # candidate at that bound, a connector's per-group lookup's always,
     # drops below it.
     eagle_margin_to_hashed_tokens: bool = True
+    # A Mamba group registers its prompt tail one hash unit lower under EAGLE
+    # when it is a dropping (draft) group itself (0.17-0.30), or whenever its
+    # manager is built with use_eagle (0.31+).
+    mamba_eagle_shift_by_draft_group: bool = False
     # Attention kinds the release has (0.17 none of them): R-SWA groups that
     # give back the gap between prompt and window (0.25+); circular-buffer
     # groups, one ring block a request (0.29+); sliding-window MLA and MLA
@@ -478,6 +509,9 @@ class VersionProfile:
     # How impl's HiSparse keeps residency (a model of 0.31's older shape, for
     # its own tests; the harness's traces and fuzz drive only `hisparse`).
     hisparse_residency: HiSparseResidency = HiSparseResidency.OVERLAY
+    # Whether every HiSparse page needs a host block (0.31+) or host capacity
+    # is best effort (0.30).
+    hisparse_host_capacity: HiSparseHostCapacity = HiSparseHostCapacity.EVERY_PAGE
     # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
@@ -586,9 +620,11 @@ def _profiles() -> dict[str, VersionProfile]:
         sparse_mla_groups=False,
         hisparse=False,
         hisparse_residency=HiSparseResidency.TABLE_ROWS,
+        hisparse_host_capacity=HiSparseHostCapacity.BEST_EFFORT,
         common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
+        mamba_eagle_shift_by_draft_group=True,
     )]
 
     def then(name: str, **changes) -> None:
@@ -649,7 +685,8 @@ def _profiles() -> dict[str, VersionProfile]:
          block_sizes_rule=BlockSizesRule.LCM_GCD,
          kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
          circular_buffer_groups=True,
-         prefix_cache_retention=PrefixCacheRetention.NONE)
+         prefix_cache_retention=PrefixCacheRetention.NONE,
+         context_parallel_block_size=ContextParallelBlockSize.DCP_FULL_ATTENTION)
     then("0.30",
          sink_blocks_reserved=False,
          mamba_skip_steps_over_nulls=True,
@@ -657,9 +694,11 @@ def _profiles() -> dict[str, VersionProfile]:
          sparse_mla_groups=True,
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
          boundary_state_offloads=True,
-         estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE)
+         estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE,
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
     then("0.31",
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
+         mamba_eagle_shift_by_draft_group=False,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,

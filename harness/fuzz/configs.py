@@ -163,6 +163,10 @@ def _hand_templates() -> dict[str, tuple[Draw, tuple[str, ...]]]:
         "hisparse": (lambda rng, bs, caching: _hisparse_groups(rng, bs), ("hisparse",)),
         # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
         **{t: (_eagle(t), ("eagle_drop_groups",)) for t in EAGLE_TEMPLATES},
+        # Its Mamba groups may reserve prefill checkpoint blocks (0.31+; 0.30's
+        # older shape is not modelled).
+        "mamba_eagle": (_eagle("mamba_eagle"),
+                        ("eagle_drop_groups", "mamba_prefill_checkpoints")),
     }
 
 

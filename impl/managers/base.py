@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from impl.block import BlockList, KVCacheBlock, null_head_len
 from impl.block_pool import BlockPool
-from impl.kv_cache_spec import AttentionSpec, KVCacheSpec
+from impl.kv_cache_spec import AttentionSpec, FullAttentionSpec, KVCacheSpec
 from impl.math_utils import cdiv
 from impl.profiles import ContextParallelBlockSize, VersionProfile
 from impl.request import Request
@@ -33,14 +33,28 @@ BlockIds = list[int]
 
 def context_parallel_ranks(spec: KVCacheSpec, profile: VersionProfile,
                            dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
-    """(dcp, pcp) ranks a block of this spec is spread over. From 0.31 only
-    caches sharded across DCP ranks are spread (attention KV; Mamba state is
-    replicated)."""
-    if profile.context_parallel_block_size is not ContextParallelBlockSize.DCP_IF_SHARDED:
+    """(dcp, pcp) ranks a block of this spec is spread over. 0.29-0.30 spread
+    only full-attention caches over the DCP ranks; from 0.31 the caches
+    sharded across them (attention KV; Mamba state is replicated)."""
+    rule = profile.context_parallel_block_size
+    if rule is ContextParallelBlockSize.DCP_FULL_ATTENTION:
+        inner = getattr(spec, "first_spec", spec)
+        return (dcp_world_size if isinstance(inner, FullAttentionSpec) else 1), pcp_world_size
+    if rule is not ContextParallelBlockSize.DCP_IF_SHARDED:
         return dcp_world_size, pcp_world_size
     if spec.dcp_sharded:
         return dcp_world_size, pcp_world_size
     return 1, 1
+
+
+def check_dcp_sharding_expressible(spec: KVCacheSpec, profile: VersionProfile) -> None:
+    """Refuse a replicated attention spec (`dcp_sharded=False`) where the
+    release's specs cannot say so (before 0.31)."""
+    inner = getattr(spec, "first_spec", spec)
+    if (isinstance(inner, AttentionSpec) and not inner.dcp_sharded
+            and not profile.context_parallel_block_size.spec_says_sharding):
+        raise ValueError(f"vLLM {profile.name}'s attention specs have no dcp_sharded: "
+                         "a replicated attention cache cannot be built")
 
 
 def effective_block_size(spec: KVCacheSpec, profile: VersionProfile,
@@ -75,6 +89,7 @@ class SingleTypeKVCacheManager:
         self.block_pool = block_pool
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
+        check_dcp_sharding_expressible(kv_cache_spec, profile)
         self.dcp_world_size, self.pcp_world_size = context_parallel_ranks(
             kv_cache_spec, profile, dcp_world_size, pcp_world_size)
         self.block_size = effective_block_size(kv_cache_spec, profile, dcp_world_size,

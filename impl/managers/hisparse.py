@@ -16,6 +16,7 @@ from impl.hisparse.host_pool import make_host_pool
 from impl.managers.base import BlockTable, CopyPair, HitResult, SingleTypeKVCacheManager
 from impl.managers.full_attention import FullAttentionManager
 from impl.math_utils import cdiv
+from impl.profiles import HiSparseHostCapacity
 from impl.request import Request
 
 
@@ -45,10 +46,21 @@ class HiSparseSourceManager(FullAttentionManager):
                                                 self.enable_caching and self._cacheable)
         self._null_block = host.null_block
 
+    @property
+    def _best_effort(self) -> bool:
+        return self._profile.hisparse_host_capacity is HiSparseHostCapacity.BEST_EFFORT
+
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
                                    total_computed_tokens, num_local_computed_tokens=0,
                                    num_tokens_main_model=0, apply_admission_cap=False,
                                    prefill_end=0) -> int:
+        if self._best_effort:
+            # Only loaded pages and a partial hit's copy need host blocks now.
+            loads = total_computed_tokens > num_local_computed_tokens
+            copies = bool(new_computed_blocks) and num_local_computed_tokens % self.block_size
+            if not (loads or copies):
+                return 0
+            num_tokens = num_tokens_main_model = total_computed_tokens
         host_needed = super().get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, total_computed_tokens,
             num_local_computed_tokens, num_tokens_main_model)
@@ -59,6 +71,21 @@ class HiSparseSourceManager(FullAttentionManager):
             raise AssertionError("the host pool ran dry and there is no device pool to refuse by")
         # More than the device pool could ever give: the allocation is refused.
         return device.num_gpu_blocks + 1
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int = 0) -> BlockTable:
+        if not self._best_effort:
+            return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+        # As many pages as free host blocks allow, after a due private copy;
+        # the rest are null entries.
+        held = len(self.req_to_blocks.get(request_id, ()))
+        wanted = cdiv(num_tokens, self.block_size)
+        free = self.block_pool.get_num_free_blocks() - (request_id in self._copy_due)
+        fit = min(wanted, held + max(0, free)) * self.block_size
+        fresh = super().allocate_new_blocks(request_id, fit, min(num_tokens_main_model, fit))
+        table = self.req_to_blocks.setdefault(request_id, [])
+        table += [self._null_block] * (wanted - len(table))
+        return fresh
 
     def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
                                           num_external_computed_tokens: int,

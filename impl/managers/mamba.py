@@ -463,8 +463,10 @@ class MambaManager(SingleTypeKVCacheManager):
         if num_tokens <= 0 or num_tokens % unit:
             return None
         rule = self._profile.prompt_tail_boundary
+        shift = (self.use_eagle if self._profile.mamba_eagle_shift_by_draft_group
+                 else self.drop_eagle_checkpoint_block)
         boundary = get_mamba_prefill_checkpoint_position(
-            request.num_prompt_tokens, unit, self.drop_eagle_checkpoint_block,
+            request.num_prompt_tokens, unit, shift,
             self.block_pool.num_hash_lookahead_tokens, rule)
         if num_tokens != boundary and not (
                 self.shared_prefix_checkpoint
