@@ -176,3 +176,17 @@ def test_shared_prefix_boundary_pins_the_junction():
 def test_0_17_has_no_retention_interval():
     with pytest.raises(ValueError, match="0.17 has no prefix_cache_retention_interval"):
         Run([swa(16)], 16, 0, profile=P17)
+
+
+def test_the_interval_is_read_when_blocks_are_cached():
+    """vLLM's coordinator reads its retention_interval attribute each time it
+    caches (vLLM 0.32's own tests set it on a built manager): a manager built
+    dense and set to 0 afterwards keeps only the replay boundary, as one built
+    with 0 does. Caught impl caching every state after it had fixed each
+    group's interval at construction (18 of 0.32's peer tests failed)."""
+    tokens = [i for i in range(16) for _ in range(16)]
+    built_zero = Run([swa(16)], 16, 0, enable_caching=True)
+    late_zero = Run([swa(16)], 16, None, enable_caching=True)
+    late_zero.m.coordinator.retention_interval = 0
+    kept_states = [run.cached(run.admit(tokens, "0")[0], 0) for run in (built_zero, late_zero)]
+    assert kept_states[0] == kept_states[1] != set(range(16))
