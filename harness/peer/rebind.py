@@ -129,10 +129,20 @@ def rebind_vllm_callers() -> None:
         module = release_module(module_name)
         if module is not None:  # an older release may not have it
             setattr(module, name, getattr(single_type, name, None) or getattr(imc, name))
-    for module_name, name, adapter in worker.CALLERS:
+    for module_name, name, adapter in (*worker.CALLERS, *_scheduler_builds()):
         module = release_module(module_name)
         if module is not None and hasattr(module, name):
             setattr(module, name, adapter)
+
+
+def _scheduler_builds():
+    """The KV cache objects vLLM's Scheduler builds for itself: impl's in the
+    impl run, so a test driving the Scheduler checks impl's manager."""
+    from harness.peer.adapters import manager, metrics
+
+    sched = "vllm.v1.core.sched.scheduler"
+    return ((sched, "KVCacheManager", manager.KVCacheManager),
+            (sched, "KVCacheMetricsCollector", metrics.KVCacheMetricsCollector))
 
 
 def _rebind_spec_readers(module: types.ModuleType) -> None:
