@@ -298,16 +298,19 @@ class PrefixCacheRetention(str, Enum):
     """How a release takes a prefix-cache retention interval (sparse
     checkpoints of the groups that need few blocks for a hit, §9.2.1)."""
 
-    # 0.17-0.22 (and 0.29, whose shape is not modelled): none.
+    # 0.17-0.22: none.
     NONE = "none"
     # 0.23-0.28 (where vLLM reads the interval from its environment, the
     # adapter's table says): only sliding-window groups thin out, any
     # interval (0 too) is refused for a model without one, and the only
     # reachable boundary kept is the prompt's (its last token recomputed).
     SLIDING_WINDOW_ONLY = "sliding_window_only"
-    # 0.30+: KVCacheConfig.prefix_cache_retention_interval; sliding-window and
-    # Mamba groups thin out, 0 is accepted for a model without either, and
-    # the replay boundaries (two under EAGLE) are kept.
+    # 0.29: KVCacheConfig.prefix_cache_retention_interval; sliding-window and
+    # Mamba groups thin out, 0 is accepted for a model without either, but
+    # the one reachable boundary kept is still the prompt's resend, under
+    # EAGLE too (the coordinator has no get_replay_boundaries yet).
+    KV_CACHE_CONFIG_RESEND_ONLY = "kv_cache_config_resend_only"
+    # 0.30+: as 0.29, with both EAGLE replay boundaries kept.
     KV_CACHE_CONFIG = "kv_cache_config"
 
     def __bool__(self) -> bool:
@@ -315,6 +318,11 @@ class PrefixCacheRetention(str, Enum):
 
     @property
     def thins_mamba(self) -> bool:
+        return self in (PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY,
+                        PrefixCacheRetention.KV_CACHE_CONFIG)
+
+    @property
+    def keeps_eagle_replay_boundaries(self) -> bool:
         return self is PrefixCacheRetention.KV_CACHE_CONFIG
 
 
@@ -346,10 +354,45 @@ class EagleDropGroups(str, Enum):
     `eagle_group_ids` is the same in both: the groups flagged as draft
     groups, or all of them when none is flagged and `use_eagle` is set."""
 
-    # 0.30-0.32: every group of eagle_group_ids drops, use_eagle or not.
+    # 0.29-0.32: every group of eagle_group_ids drops, use_eagle or not.
     FLAGGED_OR_ALL = "flagged_or_all"
     # 0.33: those groups drop only when use_eagle is set.
     FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
+
+
+class BoundaryStateOffloads(str, Enum):
+    """Which Mamba "align" boundary states a KV connector is handed
+    (specs/KV_CACHE_MANAGER.md §9.4.3)."""
+
+    # 0.17-0.28: none.
+    NONE = "none"
+    # 0.29: the blocks each cache step keys and each prompt-tail copy
+    # (take_boundary_state_offloads); a producer finishing before its
+    # prompt-tail copy hands nothing (no finalize_partial_tail_offloads).
+    OFFERS = "offers"
+    # 0.30+: and that producer's table block itself, once.
+    OFFERS_AND_FINALIZE = "offers_and_finalize"
+
+    def __bool__(self) -> bool:
+        return self is not BoundaryStateOffloads.NONE
+
+    @property
+    def finalizes(self) -> bool:
+        return self is BoundaryStateOffloads.OFFERS_AND_FINALIZE
+
+
+class MambaEagleTailShift(str, Enum):
+    """When a Mamba "align" group registers the prompt's tail state one hash
+    unit lower under EAGLE (whose lookups match one unit past a boundary and
+    drop it, §9.4)."""
+
+    # 0.17-0.29: never; the tail sits at the prompt's boundary.
+    NONE = "none"
+    # 0.30: when the group is itself a dropping group (its use_eagle).
+    DRAFT_GROUP = "draft_group"
+    # 0.31+: whenever the manager is built with use_eagle
+    # (drop_eagle_checkpoint_block), flagged or not.
+    USE_EAGLE = "use_eagle"
 
 
 class HiSparseResidency(str, Enum):
@@ -471,15 +514,15 @@ class VersionProfile:
     mamba_prefill_checkpoints: MambaPrefillCheckpoints
     # How a prefix-cache retention interval is taken and what it thins out.
     prefix_cache_retention: PrefixCacheRetention
-    # take_boundary_state_offloads / finalize_partial_tail_offloads (a
-    # connector told which Mamba block holds which boundary state).
-    boundary_state_offloads: bool
+    # Which Mamba boundary states a connector is told of (which block holds
+    # which state).
+    boundary_state_offloads: BoundaryStateOffloads
     # Mamba releases blocks as if num_speculative_blocks fewer tokens were
     # computed (0.17: drafts of the last step may still be rejected).
     mamba_release_lags_speculative_blocks: bool
     # Which groups drop a unit of each hit for EAGLE / MTP; None: this
     # release's hybrid EAGLE lookups are not modelled (0.17-0.19 drop on every
-    # pass of the hybrid loop; 0.20-0.29 are unread), so a hybrid manager
+    # pass of the hybrid loop; 0.20-0.28 are unread), so a hybrid manager
     # with EAGLE is refused.
     eagle_drop_groups: EagleDropGroups | None
     # How far a dropping hybrid lookup may look past its candidate (by the
@@ -488,10 +531,9 @@ class VersionProfile:
     # candidate at that bound, a connector's per-group lookup's always,
     # drops below it.
     eagle_margin_to_hashed_tokens: bool = True
-    # A Mamba group registers its prompt tail one hash unit lower under EAGLE
-    # when it is a dropping (draft) group itself (0.17-0.30), or whenever its
-    # manager is built with use_eagle (0.31+).
-    mamba_eagle_shift_by_draft_group: bool = False
+    # When a Mamba group registers its prompt tail one hash unit lower under
+    # EAGLE.
+    mamba_eagle_tail_shift: MambaEagleTailShift = MambaEagleTailShift.USE_EAGLE
     # Attention kinds the release has (0.17 none of them): R-SWA groups that
     # give back the gap between prompt and window (0.25+); circular-buffer
     # groups, one ring block a request (0.29+); sliding-window MLA and MLA
@@ -613,7 +655,7 @@ def _profiles() -> dict[str, VersionProfile]:
         uniform_group_pad_ratio=1.25,
         mamba_prefill_checkpoints=MambaPrefillCheckpoints.NONE,
         prefix_cache_retention=PrefixCacheRetention.NONE,
-        boundary_state_offloads=False,
+        boundary_state_offloads=BoundaryStateOffloads.NONE,
         mamba_release_lags_speculative_blocks=True,
         rswa_groups=False,
         circular_buffer_groups=False,
@@ -624,7 +666,7 @@ def _profiles() -> dict[str, VersionProfile]:
         common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
-        mamba_eagle_shift_by_draft_group=True,
+        mamba_eagle_tail_shift=MambaEagleTailShift.NONE,
     )]
 
     def then(name: str, **changes) -> None:
@@ -685,20 +727,22 @@ def _profiles() -> dict[str, VersionProfile]:
          block_sizes_rule=BlockSizesRule.LCM_GCD,
          kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
          circular_buffer_groups=True,
-         prefix_cache_retention=PrefixCacheRetention.NONE,
-         context_parallel_block_size=ContextParallelBlockSize.DCP_FULL_ATTENTION)
+         prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY,
+         context_parallel_block_size=ContextParallelBlockSize.DCP_FULL_ATTENTION,
+         boundary_state_offloads=BoundaryStateOffloads.OFFERS,
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
     then("0.30",
          sink_blocks_reserved=False,
          mamba_skip_steps_over_nulls=True,
          kv_event_fields=KVEventFields.GROUP_SPEC_SESSION,
          sparse_mla_groups=True,
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
-         boundary_state_offloads=True,
+         boundary_state_offloads=BoundaryStateOffloads.OFFERS_AND_FINALIZE,
          estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         mamba_eagle_tail_shift=MambaEagleTailShift.DRAFT_GROUP)
     then("0.31",
          hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
-         mamba_eagle_shift_by_draft_group=False,
+         mamba_eagle_tail_shift=MambaEagleTailShift.USE_EAGLE,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,
          context_parallel_block_size=ContextParallelBlockSize.DCP_IF_SHARDED,

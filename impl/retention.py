@@ -51,7 +51,7 @@ def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int,
     land on different scheduler blocks, each one block back (the dropped
     block), so both are kept (0.30+; before, the resend's boundary alone,
     which a group's EAGLE shift moves)."""
-    if not use_eagle or not shape.thins_mamba:
+    if not use_eagle or not shape.keeps_eagle_replay_boundaries:
         return (num_prompt_tokens - 1,)
     unit = scheduler_block_size
     resend = (num_prompt_tokens - 1) // unit * unit - unit

@@ -212,6 +212,9 @@ class ImplBackend(Backend):
 
     def finalize_partial_tail_offloads(self, req: str) -> list[tuple[int, int, int]]:
         self._offloads_supported()
+        if not self.profile.boundary_state_offloads.finalizes:
+            raise BackendError(f"vLLM {self.profile.name} has no finalize_partial_tail_offloads",
+                               "op")
         return self.manager.finalize_partial_tail_offloads(self._request(req))
 
     def free_queue(self) -> list[int]:

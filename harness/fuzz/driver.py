@@ -180,6 +180,8 @@ class Driver:
         # Boundary states offered to a connector (Mamba "align", 0.29+).
         self.drain_offers = (self.mamba_block_size is not None
                              and profile.boundary_state_offloads)
+        # A finishing producer's own prompt-tail block (0.30+).
+        self.finalize_tails = self.drain_offers and profile.boundary_state_offloads.finalizes
         # Where the prompt's tail lies (0.32 moved it before the last token).
         self.tail_rule = profile.prompt_tail_boundary
         # The scheduler's queries an observation asks too: those the release
@@ -282,7 +284,7 @@ class Driver:
         elif isinstance(a, Finish):
             if self.reqs.pop(a.req, None) is not None:
                 self._scheduled.pop(f"r{a.req}", None)
-                if a.finalize and self.drain_offers and call(
+                if a.finalize and self.finalize_tails and call(
                         FinalizePartialTailOffloads(f"r{a.req}")) is None:
                     return
                 call(Free(f"r{a.req}"))

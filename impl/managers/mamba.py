@@ -44,7 +44,12 @@ from impl.managers.base import (
     TailOffer,
 )
 from impl.math_utils import cdiv
-from impl.profiles import MambaPartialTailRekey, MambaPrefillCheckpoints, PromptTailBoundary
+from impl.profiles import (
+    MambaEagleTailShift,
+    MambaPartialTailRekey,
+    MambaPrefillCheckpoints,
+    PromptTailBoundary,
+)
 from impl.request import Request
 
 # (request, group, block, boundary tokens): a state a connector may save.
@@ -463,8 +468,10 @@ class MambaManager(SingleTypeKVCacheManager):
         if num_tokens <= 0 or num_tokens % unit:
             return None
         rule = self._profile.prompt_tail_boundary
-        shift = (self.use_eagle if self._profile.mamba_eagle_shift_by_draft_group
-                 else self.drop_eagle_checkpoint_block)
+        shift = {MambaEagleTailShift.NONE: False,
+                 MambaEagleTailShift.DRAFT_GROUP: self.use_eagle,
+                 MambaEagleTailShift.USE_EAGLE: self.drop_eagle_checkpoint_block,
+                 }[self._profile.mamba_eagle_tail_shift]
         boundary = get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, unit, shift,
             self.block_pool.num_hash_lookahead_tokens, rule)

@@ -306,3 +306,37 @@ def test_junction_checkpoints_are_off_without_eagle_or_partial_hits():
     whole_blocks = Run([FullAttentionSpec(16), mamba(16)], 16, use_eagle=True,
                        enable_mamba_shared_prefix_checkpoint=True)
     assert whole_blocks.m.mamba_shared_prefix_checkpoint is False
+
+
+# -- the prompt-tail entry under EAGLE, by release (§15, mamba_eagle_tail_shift) ----------
+
+
+@pytest.mark.parametrize("release, flag_full_only, shifted", [
+    ("0.29", False, False),  # no EAGLE branch: the tail stays at the prompt's boundary
+    ("0.30", False, True),   # the Mamba group drops (every group does): one unit lower
+    ("0.30", True, False),   # only the flagged full-attention group drops
+    ("0.31", True, True),    # any use_eagle manager moves it, flagged or not
+])
+def test_the_mamba_prompt_tail_moves_under_eagle_by_release(release, flag_full_only, shifted):
+    # Full attention and Mamba, blocks of 16 hashed every 4 (hits inside
+    # blocks): a 26-token prompt's tail boundary is 24, one hash unit lower
+    # 20, both inside block 1 (before 0.32 only such a boundary is registered).
+    profile = get_profile(release)
+    cfg = KVCacheConfig(64, (
+        KVCacheGroupSpec(("full",), FullAttentionSpec(16), is_eagle_group=flag_full_only),
+        KVCacheGroupSpec(("mamba",), mamba(16))))
+    m = KVCacheManager(cfg, 1 << 16, 4, profile, enable_caching=True, use_eagle=True)
+    hasher = RequestBlockHasher(4, get_hash_fn("sha256"), none_hash(profile, "sha256", "0"),
+                                True)
+    r = Request("a", list(range(26)), 26)
+    hasher.update(r)
+
+    def keyed(tokens):
+        return m.block_pool.get_cached_block(r.block_hashes[tokens // 4 - 1], [1]) is not None
+
+    assert m.allocate_slots(r, 20) is not None
+    r.num_computed_tokens = 20
+    assert keyed(20) is shifted
+    assert m.allocate_slots(r, 4) is not None
+    r.num_computed_tokens = 24
+    assert keyed(24) is not shifted

@@ -20,9 +20,9 @@ from impl.kv_cache_spec import (
 )
 from impl.managers.mamba import MambaManager
 from impl.managers.sliding_window import SlidingWindowManager
-from impl.profiles import get_profile
+from impl.profiles import PrefixCacheRetention, get_profile
 from impl.request import Request
-from impl.retention import replay_boundaries, validate_retention_interval
+from impl.retention import replay_boundaries, thinned_kinds, validate_retention_interval
 
 P32, P17 = get_profile("0.32"), get_profile("0.17")
 MAMBA = MambaSpec(16, shapes=((1,),), dtype_sizes=(4,), mamba_cache_mode="align")
@@ -101,6 +101,18 @@ def test_replay_boundaries():
     assert replay_boundaries(100, 32, True) == (64,)  # 96 - 32 and 96 - 32
     assert replay_boundaries(96, 32, True) == (32, 64)  # a resend stops a block earlier
     assert replay_boundaries(20, 32, True) == (0,)
+    # 0.29 keeps the resend's boundary alone, under EAGLE too.
+    resend_only = PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY
+    assert replay_boundaries(96, 32, True, resend_only) == (95,)
+    assert replay_boundaries(100, 32, False, resend_only) == (99,)
+
+
+def test_0_29_validates_and_thins_as_0_30():
+    resend_only = PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY
+    assert thinned_kinds(resend_only) == thinned_kinds(PrefixCacheRetention.KV_CACHE_CONFIG)
+    validate_retention_interval(0, 16, [FullAttentionSpec(16)], resend_only)
+    with pytest.raises(ValueError, match="no sliding-window or Mamba"):
+        validate_retention_interval(16, 16, [FullAttentionSpec(16)], resend_only)
 
 
 @pytest.mark.parametrize("interval,specs,message", [

@@ -180,7 +180,10 @@ def _draft_groups(vllm_config) -> dict:
     """Whether vLLM's grouping flags a drafter's groups, and how it finds
     them (the speculative method's facts, read off the config)."""
     spec_config = _field(vllm_config, "speculative_config")
-    if spec_config is None or not spec_config.use_eagle_block_drop():
+    # 0.30+ ask use_eagle_block_drop (a config may keep the volatile blocks);
+    # 0.29's config has no such switch: its grouping flags whenever use_eagle.
+    drops_blocks = getattr(spec_config, "use_eagle_block_drop", None)
+    if spec_config is None or not (drops_blocks or spec_config.use_eagle)():
         return {}
     model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
     trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
