@@ -530,7 +530,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 agreed = min(agreed, candidate)
                 break
             agreed = candidate
-        for batch in batches:
+        trimmed = batches if self.profile.hybrid_trims_every_full_attention_batch else batches[:1]
+        for batch in trimmed:
             lead = managers[batch.group_ids[0]]
             if isinstance(batch.spec, FullAttentionSpec) and not lead.retains_longer_hit:
                 keep = cdiv(agreed, lead.block_size)

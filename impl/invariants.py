@@ -155,11 +155,13 @@ def _check_zeroing_ids(pool, group_id: int, ids) -> None:
 # -- who holds what -------------------------------------------------------------------
 
 _COPY = "<pending copy>"  # not a request id: those come from traces
+_PIN = "<pinned for a connector>/"
 
 
 def _holders(manager: KVCacheManager) -> dict[str, list[int]]:
     """Holder -> ids of the non-null blocks it holds: each (group, request)
-    table, and each pending copy-on-write pair (source and copy)."""
+    table, each pending copy-on-write pair (source and copy), and each
+    request's pinned prompt-tail copies (0.28's connector hand-off)."""
     out: dict[str, list[int]] = {}
     for group in manager.coordinator.single_type_managers:
         gid = group.kv_cache_group_id
@@ -167,6 +169,8 @@ def _holders(manager: KVCacheManager) -> dict[str, list[int]]:
             out[f"{gid}/{request_id}"] = [b.block_id for b in table if not b.is_null]
         for i, (source, copy) in enumerate(group._copies):
             out[f"{gid}/{_COPY}{i}"] = [source.block_id, copy.block_id]
+    for request_id, pins in manager._partial_tail_pins.items():
+        out[f"{_PIN}{request_id}"] = [b.block_id for b in pins]
     return out
 
 
@@ -313,6 +317,10 @@ class InvariantChecker:
         suspects: dict[int, KVCacheBlock] = {
             block.block_id: block for block in self._touched if block is not null}
         self._touched.clear()
+        # Pinned prompt-tail copies (0.28) hold their blocks too; few, so
+        # counted afresh.
+        self._pins = Counter(block.block_id for pins in self._manager._partial_tail_pins.values()
+                             for block in pins)
         before = {}  # block id -> requests holding it at the last check
         sources = self._diff_pairs(suspects, before)
         self._diff_tables(suspects, sources, before)
@@ -457,7 +465,7 @@ class InvariantChecker:
         if block.ref_cnt < 0:
             raise InvariantViolation(f"block {block_id} has ref_cnt {block.ref_cnt} < 0")
         spots = self._where.get(block_id) or {}
-        holders = len(spots) + self._in_pairs[block_id]
+        holders = len(spots) + self._in_pairs[block_id] + self._pins[block_id]
         if block.ref_cnt != holders:
             raise InvariantViolation(count_message(block_id, block.ref_cnt, holders))
         self._check_keys(block)

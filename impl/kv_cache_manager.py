@@ -134,6 +134,9 @@ class KVCacheManager:
                 mamba.shared_prefix_checkpoint = True
         groups = config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
+        # Prompt-tail copies handed to a connector and pinned until their
+        # request is freed (0.28's take_partial_tail_offloads), per request.
+        self._partial_tail_pins: dict[str, list[KVCacheBlock]] = {}
         self.watermark_blocks = int(self.watermark * config.num_blocks)
         # One shared "nothing" answer, so no-block answers allocate nothing.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
@@ -381,6 +384,9 @@ class KVCacheManager:
     # -- release and cache control --------------------------------------------------------
 
     def free(self, request: Request) -> None:
+        pins = self._partial_tail_pins.pop(request.request_id, None)
+        if pins:
+            self.block_pool.free_blocks(pins)
         self.coordinator.free(request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> BlockList:
@@ -388,7 +394,9 @@ class KVCacheManager:
         returned, in table order, for the caller to free once no step in
         flight can write them (reversed, tail first; specs §16.3)."""
         popped = self.coordinator.pop_blocks_for_free(request.request_id)
-        return popped
+        # Pinned prompt-tail copies are released with the request's blocks.
+        pins = self._partial_tail_pins.pop(request.request_id, None)
+        return pins + popped if pins else popped
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks,
                                  num_computed_tokens: int) -> KVCacheBlocks:
@@ -482,9 +490,23 @@ class KVCacheManager:
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """The boundary states offered since the last call, per request:
         (group, block id, boundary tokens)."""
+        return self._drain_offers(pin=False)
+
+    def take_partial_tail_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """0.28's drain (only prompt-tail copies are offered then): each block
+        is also pinned until its request is freed, as no table holds it."""
+        if not self.profile.boundary_state_offloads.pins_partial_tails:
+            raise AttributeError(f"vLLM {self.profile.name}'s KVCacheManager has no "
+                                 "take_partial_tail_offloads")
+        return self._drain_offers(pin=True)
+
+    def _drain_offers(self, pin: bool) -> dict[str, list[tuple[int, int, int]]]:
         offers: dict[str, list[tuple[int, int, int]]] = {}
         for request_id, group_id, block, boundary in (
                 self.coordinator.take_pending_boundary_state_offloads()):
+            if pin:
+                self.block_pool.touch((block,))
+                self._partial_tail_pins.setdefault(request_id, []).append(block)
             offers.setdefault(request_id, []).append((group_id, block.block_id, boundary))
         return offers
 

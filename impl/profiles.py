@@ -300,11 +300,14 @@ class PrefixCacheRetention(str, Enum):
 
     # 0.17-0.22: none.
     NONE = "none"
-    # 0.23-0.28 (where vLLM reads the interval from its environment, the
+    # 0.23-0.27 (where vLLM reads the interval from its environment, the
     # adapter's table says): only sliding-window groups thin out, any
     # interval (0 too) is refused for a model without one, and the only
     # reachable boundary kept is the prompt's (its last token recomputed).
     SLIDING_WINDOW_ONLY = "sliding_window_only"
+    # 0.28: as 0.23-0.27, but Mamba groups thin out too (a model needs one of
+    # the two kinds for any interval).
+    ENVIRONMENT_WITH_MAMBA = "environment_with_mamba"
     # 0.29: KVCacheConfig.prefix_cache_retention_interval; sliding-window and
     # Mamba groups thin out, 0 is accepted for a model without either, but
     # the one reachable boundary kept is still the prompt's resend, under
@@ -318,6 +321,12 @@ class PrefixCacheRetention(str, Enum):
 
     @property
     def thins_mamba(self) -> bool:
+        return self not in (PrefixCacheRetention.NONE, PrefixCacheRetention.SLIDING_WINDOW_ONLY)
+
+    @property
+    def in_kv_cache_config(self) -> bool:
+        """The interval is KVCacheConfig's (0.29+), where 0 passes for a model
+        with nothing to thin; before, the engine's environment."""
         return self in (PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY,
                         PrefixCacheRetention.KV_CACHE_CONFIG)
 
@@ -354,7 +363,7 @@ class EagleDropGroups(str, Enum):
     `eagle_group_ids` is the same in both: the groups flagged as draft
     groups, or all of them when none is flagged and `use_eagle` is set."""
 
-    # 0.29-0.32: every group of eagle_group_ids drops, use_eagle or not.
+    # 0.28-0.32: every group of eagle_group_ids drops, use_eagle or not.
     FLAGGED_OR_ALL = "flagged_or_all"
     # 0.33: those groups drop only when use_eagle is set.
     FLAGGED_IF_USE_EAGLE = "flagged_if_use_eagle"
@@ -364,17 +373,29 @@ class BoundaryStateOffloads(str, Enum):
     """Which Mamba "align" boundary states a KV connector is handed
     (specs/KV_CACHE_MANAGER.md §9.4.3)."""
 
-    # 0.17-0.28: none.
+    # 0.17-0.27 (0.26-0.27 unread): none.
     NONE = "none"
+    # 0.28: only each prompt-tail copy (take_partial_tail_offloads), which
+    # the take pins (touches) until its request is freed: the copy is off
+    # the request's table, nothing else keeps it.
+    PINNED_PARTIAL_TAILS = "pinned_partial_tails"
     # 0.29: the blocks each cache step keys and each prompt-tail copy
-    # (take_boundary_state_offloads); a producer finishing before its
-    # prompt-tail copy hands nothing (no finalize_partial_tail_offloads).
+    # (take_boundary_state_offloads, unpinned); a producer finishing before
+    # its prompt-tail copy hands nothing (no finalize_partial_tail_offloads).
     OFFERS = "offers"
     # 0.30+: and that producer's table block itself, once.
     OFFERS_AND_FINALIZE = "offers_and_finalize"
 
     def __bool__(self) -> bool:
         return self is not BoundaryStateOffloads.NONE
+
+    @property
+    def pins_partial_tails(self) -> bool:
+        return self is BoundaryStateOffloads.PINNED_PARTIAL_TAILS
+
+    @property
+    def offers_keyed_states(self) -> bool:
+        return self in (BoundaryStateOffloads.OFFERS, BoundaryStateOffloads.OFFERS_AND_FINALIZE)
 
     @property
     def finalizes(self) -> bool:
@@ -478,6 +499,10 @@ class VersionProfile:
     # (the LCM of the group block sizes) unless fine-grained hits are on
     # (0.22+); before, every full block of every group.
     hybrid_caches_scheduler_aligned: bool
+    # After a hybrid lookup every full-attention spec batch (a drafter's
+    # too) is cut to the agreed hit (0.29+); before, only the first batch,
+    # the others keep what their one lookup found.
+    hybrid_trims_every_full_attention_batch: bool
     sliding_window_sparse_caching: SlidingWindowSparseCaching
     # The sink-attention manager takes sink_len / block_size blocks out of the
     # free queue for good when it is built (0.17-0.29).
@@ -522,7 +547,7 @@ class VersionProfile:
     mamba_release_lags_speculative_blocks: bool
     # Which groups drop a unit of each hit for EAGLE / MTP; None: this
     # release's hybrid EAGLE lookups are not modelled (0.17-0.19 drop on every
-    # pass of the hybrid loop; 0.20-0.28 are unread), so a hybrid manager
+    # pass of the hybrid loop; 0.20-0.27 are unread), so a hybrid manager
     # with EAGLE is refused.
     eagle_drop_groups: EagleDropGroups | None
     # How far a dropping hybrid lookup may look past its candidate (by the
@@ -641,6 +666,7 @@ def _profiles() -> dict[str, VersionProfile]:
         mamba_skip_steps_over_nulls=False,
         mamba_blocks_capped=False,
         hybrid_caches_scheduler_aligned=False,
+        hybrid_trims_every_full_attention_batch=False,
         sliding_window_sparse_caching=SlidingWindowSparseCaching.NONE,
         sink_blocks_reserved=True,
         sink_groups_buildable=True,
@@ -720,17 +746,20 @@ def _profiles() -> dict[str, VersionProfile]:
          connector_lookup=True)
     then("0.28",
          free_order=FreeOrder.UNHASHED_FIRST,
-         partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE)
+         partial_hit_gating=PartialHitGating.EVERY_GROUP_FINE,
+         prefix_cache_retention=PrefixCacheRetention.ENVIRONMENT_WITH_MAMBA,
+         boundary_state_offloads=BoundaryStateOffloads.PINNED_PARTIAL_TAILS,
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
     then("0.29",
          single_spec_hybrid=True,
+         hybrid_trims_every_full_attention_batch=True,
          none_hash_seed=NoneHashSeed.SEED_OR_FIXED_FOR_CRYPTO,
          block_sizes_rule=BlockSizesRule.LCM_GCD,
          kv_cache_tensor_plan=KVCacheTensorPlan.STRIDED,
          circular_buffer_groups=True,
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY,
          context_parallel_block_size=ContextParallelBlockSize.DCP_FULL_ATTENTION,
-         boundary_state_offloads=BoundaryStateOffloads.OFFERS,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         boundary_state_offloads=BoundaryStateOffloads.OFFERS)
     then("0.30",
          sink_blocks_reserved=False,
          mamba_skip_steps_over_nulls=True,

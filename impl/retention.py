@@ -14,7 +14,7 @@ from impl.profiles import PrefixCacheRetention
 
 
 def thinned_kinds(shape: PrefixCacheRetention) -> tuple[type, ...]:
-    """The spec types a retention interval thins out (0.23-0.28: sliding
+    """The spec types a retention interval thins out (0.23-0.27: sliding
     windows only; the others key densely)."""
     if shape.thins_mamba:
         return (SlidingWindowSpec, MambaSpec)
@@ -29,13 +29,14 @@ def validate_retention_interval(interval: int | None, scheduler_block_size: int,
     if interval is None:
         return
     if not any(isinstance(spec, thinned_kinds(shape)) for spec in specs):
-        # (0.30+ let 0 through: it changes nothing then.)
-        if interval == 0 and shape.thins_mamba:
+        # (0.29+ let 0 through: it changes nothing then.)
+        if interval == 0 and shape.in_kv_cache_config:
             return
         kinds = "sliding-window or Mamba" if shape.thins_mamba else "sliding-window"
         raise ValueError(
             f"prefix_cache_retention_interval={interval}: the model has no {kinds} group "
-            "for it to thin out" + (" (only 0 or None apply)" if shape.thins_mamba else ""))
+            "for it to thin out" + (" (only 0 or None apply)" if shape.in_kv_cache_config
+                                    else ""))
     if interval < 0 or interval % scheduler_block_size:
         raise ValueError(
             f"prefix_cache_retention_interval={interval} must be non-negative and a "

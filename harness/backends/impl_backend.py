@@ -202,7 +202,8 @@ class ImplBackend(Backend):
         return copies
 
     def _offloads_supported(self) -> None:
-        if not self.profile.boundary_state_offloads:
+        # (0.28's drain, take_partial_tail_offloads, is no trace op.)
+        if not self.profile.boundary_state_offloads.offers_keyed_states:
             raise BackendError(f"vLLM {self.profile.name} hands no boundary states to "
                                "connectors", "op")
 

@@ -177,9 +177,10 @@ class Driver:
         self.mamba_block_size = next(
             (g.block_size for g in config.groups
              if g.kind == "mamba" and config.mamba_cache_mode(g) == "align"), None)
-        # Boundary states offered to a connector (Mamba "align", 0.29+).
+        # Boundary states offered to a connector (Mamba "align", 0.29+; 0.28's
+        # pinned drain is no trace op).
         self.drain_offers = (self.mamba_block_size is not None
-                             and profile.boundary_state_offloads)
+                             and profile.boundary_state_offloads.offers_keyed_states)
         # A finishing producer's own prompt-tail block (0.30+).
         self.finalize_tails = self.drain_offers and profile.boundary_state_offloads.finalizes
         # Where the prompt's tail lies (0.32 moved it before the last token).

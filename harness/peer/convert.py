@@ -19,7 +19,7 @@ from harness.peer.lacks import Checks, ImplLacks, require
 from impl import kv_cache_sizing as isizing
 from impl import kv_cache_spec as ispec
 from impl import request as ireq
-from impl.profiles import PrefixCacheRetention, get_profile
+from impl.profiles import get_profile
 
 # The profile of the release whose tests run (run.py sets it, having checked
 # the release has one); else that of the vLLM this process imports.
@@ -242,10 +242,10 @@ def to_impl_config(config) -> ispec.KVCacheConfig:
 
 def _retention_interval(config) -> int | None:
     """The retention interval where the running release takes it: its
-    KVCacheConfig (0.30+), or the engine's environment (0.23-0.28, read as its
+    KVCacheConfig (0.29+), or the engine's environment (0.23-0.28, read as its
     coordinator does, when the manager is built). The profile's shape says
-    which: the environment is the sliding-window-only shape's source."""
-    if PROFILE.prefix_cache_retention is PrefixCacheRetention.SLIDING_WINDOW_ONLY:
+    which."""
+    if PROFILE.prefix_cache_retention and not PROFILE.prefix_cache_retention.in_kv_cache_config:
         from vllm import envs
 
         return getattr(envs, "VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)

@@ -100,7 +100,10 @@ class MambaManager(SingleTypeKVCacheManager):
         # inside its running block and has not had copied yet.
         self._producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
         self._offers: list[BoundaryOffer] = []
-        self._offering = self._align and profile.boundary_state_offloads
+        offloads = profile.boundary_state_offloads
+        self._offering = self._align and bool(offloads)
+        # Keyed states are offered too, not only prompt-tail copies (0.29+).
+        self._offering_keyed = self._offering and offloads.offers_keyed_states
 
     # -- lookup ---------------------------------------------------------------
 
@@ -414,7 +417,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 if block.block_hash is None or block.is_null:
                     continue
                 keyed_now.add(block.block_hash)
-                if self._offering:
+                if self._offering_keyed:
                     self._offer(request_id, block, block.block_hash_num_tokens)
 
     def _key_inner_state(self, request: Request, num_tokens: int,

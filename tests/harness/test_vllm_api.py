@@ -48,7 +48,7 @@ def test_shapes_agree_with_the_profiles_fields_that_mirror_them(release):
     assert api.has_connector_lookup == p.connector_lookup
     assert p.covers(release)
     assert api.has_hisparse == p.hisparse
-    assert api.has_boundary_state_offloads == bool(p.boundary_state_offloads)
+    assert api.has_boundary_state_offloads == p.boundary_state_offloads.offers_keyed_states
     assert api.has_finalize_partial_tail_offloads == p.boundary_state_offloads.finalizes
 
 

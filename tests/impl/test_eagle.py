@@ -260,3 +260,25 @@ def test_before_0_32_the_proof_margin_stops_at_the_lookups_bound():
         run(m, request(m, "a", prompt(5, 4, tail=1)))
         hits[profile.name] = m.get_computed_blocks(request(m, "b", prompt(4, 4)))[1]
     assert hits == {"0.32": 12, "0.31": 8}
+
+
+@pytest.mark.parametrize("release, draft_blocks", [("0.29", 3), ("0.28", 4)])
+def test_which_full_attention_batches_are_cut_to_the_agreed_hit(release, draft_blocks):
+    # A target's full attention, a drafter's full attention of another shape
+    # (a spec batch of its own) and a window of one block, blocks of 4. The
+    # window's block 3 is evicted, so after the drafter's drop (16) the
+    # window agrees on 12. From 0.29 every full-attention batch is cut to it;
+    # before, only the first: the drafter keeps the 4 blocks its one lookup
+    # found (hybrid_trims_every_full_attention_batch).
+    m = manager([group(FullAttentionSpec(4)), group(FullAttentionSpec(4, head_size=2), draft=True),
+                 group(SlidingWindowSpec(4, sliding_window=4))], profile=get_profile(release))
+    run(m, request(m, "a", prompt(5, 4, tail=1)))  # 21 tokens: blocks 0-4 keyed
+    window = m.coordinator.single_type_managers[2]
+    m.free(request(m, "a", prompt(5, 4, tail=1)))
+    evicted = window.block_pool.get_cached_block(
+        request(m, "x", prompt(5, 4, tail=1)).block_hashes[3], [2])
+    assert evicted is not None and window.block_pool.evict_cached_block(evicted[0])
+    blocks, hit, _ = m.get_computed_blocks(request(m, "b", prompt(5, 4, tail=2)))
+    assert hit == 12
+    target, draft, _ = blocks.blocks
+    assert (len(target), len(draft)) == (3, draft_blocks)

@@ -235,6 +235,28 @@ def test_a_running_producers_tail_is_offered_in_its_copy():
     assert run.m.finalize_partial_tail_offloads(r) == []
 
 
+def test_0_28_hands_only_the_tail_copy_and_pins_it_until_the_request_is_freed():
+    run = Run([FullAttentionSpec(2), mamba(4)], 2, scheduler_block_size=4,
+              profile=get_profile("0.28"))
+    r = run.request("p", 15)
+    run.allocate(r, 14)
+    assert run.m.take_partial_tail_offloads() == {}  # keyed states are not offered
+    run.m.new_step_starts()
+    run.allocate(r, 1)
+    copies, retained = run.m.take_kv_cache_block_copies()
+    run.m.block_pool.free_blocks(retained)
+    (_, copy), = copies
+    assert run.m.take_partial_tail_offloads() == {"p": [(1, copy, 14)]}
+    block = run.m.block_pool.blocks[copy]
+    assert block.ref_cnt == 1  # the pin alone: no table holds the copy
+    run.checker.check(run.m)
+    run.m.free(r)
+    assert block.ref_cnt == 0
+    run.checker.check(run.m)
+    with pytest.raises(AttributeError, match="take_partial_tail_offloads"):
+        producer()[0].m.take_partial_tail_offloads()  # 0.29+ drain unpinned
+
+
 def test_freeing_a_request_withdraws_its_offers():
     run = Run([mamba(16)], 16)
     r = run.request("r", 64)

@@ -107,6 +107,16 @@ def test_replay_boundaries():
     assert replay_boundaries(100, 32, False, resend_only) == (99,)
 
 
+def test_0_28_thins_mamba_but_refuses_any_interval_without_a_thinned_group():
+    shape = PrefixCacheRetention.ENVIRONMENT_WITH_MAMBA
+    assert MambaSpec in thinned_kinds(shape)
+    assert MambaSpec not in thinned_kinds(PrefixCacheRetention.SLIDING_WINDOW_ONLY)
+    validate_retention_interval(0, 16, [FullAttentionSpec(16), MAMBA], shape)
+    with pytest.raises(ValueError, match="no sliding-window or Mamba"):
+        validate_retention_interval(0, 16, [FullAttentionSpec(16)], shape)
+    assert replay_boundaries(96, 32, True, shape) == (95,)
+
+
 def test_0_29_validates_and_thins_as_0_30():
     resend_only = PrefixCacheRetention.KV_CACHE_CONFIG_RESEND_ONLY
     assert thinned_kinds(resend_only) == thinned_kinds(PrefixCacheRetention.KV_CACHE_CONFIG)
