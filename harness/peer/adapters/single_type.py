@@ -144,7 +144,9 @@ class _Manager(Adapter):
 
 
 def _manager(impl_cls, name):
-    adapter = type(name, (_Manager,), {"_impl_cls": impl_cls})
+    # The class-level facts vLLM's connectors read off a manager class.
+    facts = {"supports_fine_grained_hash_lookup": impl_cls.supports_fine_grained_hash_lookup}
+    adapter = type(name, (_Manager,), {"_impl_cls": impl_cls, **facts})
     register(impl_cls)(adapter)
     return adapter
 
