@@ -242,6 +242,11 @@ _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout",
             "vllm.v1.worker.block_table", "vllm.v1.worker.cp_utils",
             "vllm.v1.attention.backends.utils")
+# Proxied only for `from M import name` run by a test (inside a function:
+# module-level names are rebound through the table anyway); a test holding
+# the module itself keeps vLLM's, whose other names it monkeypatches (the
+# worker's zeroing kernel) for vLLM's own callers to see.
+_FROM_IMPORT_PROXIED = ("vllm.v1.worker.utils",)
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:
@@ -321,7 +326,7 @@ def _is_test_module(globals_) -> bool:
 def _import(name, globals=None, locals=None, fromlist=(), level=0):
     module = _real_import(name, globals, locals, fromlist, level)
     if fromlist and level == 0 and _is_test_module(globals):
-        if name in _PROXIED:
+        if name in _PROXIED or name in _FROM_IMPORT_PROXIED:
             return proxy(module)
         if name in _SPEC_READERS:
             _rebind_spec_readers(module)
