@@ -388,6 +388,25 @@ class HiSparseHostCapacity(str, Enum):
     EVERY_PAGE = "every_page"
 
 
+class HiSparseLayoutStage(str, Enum):
+    """When sizing derives HiSparse's groups (source, indexer, resident, hot)
+    from the model's MLA layers, and so what the groups between grouping and
+    planning are (specs/KV_CACHE_MANAGER.md section 14.5). Read only with
+    HiSparse on (no HiSparse before 0.30)."""
+
+    # 0.17-0.30 (read in 0.30): grouping only puts the MLA layers in one
+    # group ahead of the others' usual groups (and only when the model has
+    # other layers); planning derives the groups from that first one. A
+    # request's device bytes are then the indexer layers' and the other
+    # groups' own usage (not whole pool blocks), the host pool is not checked
+    # against max_model_len, auto-fit asks for a concurrency of one and every
+    # worker plans with the smallest worker's memory.
+    PLANNING = "planning"
+    # 0.31+: grouping derives them; planning sizes the host pool for groups
+    # already laid out.
+    GROUPING = "grouping"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionProfile:
     name: str
@@ -512,6 +531,9 @@ class VersionProfile:
     # Whether every HiSparse page needs a host block (0.31+) or host capacity
     # is best effort (0.30).
     hisparse_host_capacity: HiSparseHostCapacity = HiSparseHostCapacity.EVERY_PAGE
+    # Whether HiSparse's groups are derived when the model is grouped
+    # (0.31+) or only when its KV cache config is planned (0.30).
+    hisparse_layout_stage: HiSparseLayoutStage = HiSparseLayoutStage.GROUPING
     # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
@@ -621,6 +643,7 @@ def _profiles() -> dict[str, VersionProfile]:
         hisparse=False,
         hisparse_residency=HiSparseResidency.TABLE_ROWS,
         hisparse_host_capacity=HiSparseHostCapacity.BEST_EFFORT,
+        hisparse_layout_stage=HiSparseLayoutStage.PLANNING,
         common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
@@ -698,6 +721,7 @@ def _profiles() -> dict[str, VersionProfile]:
          eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
     then("0.31",
          hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
+         hisparse_layout_stage=HiSparseLayoutStage.GROUPING,
          mamba_eagle_shift_by_draft_group=False,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,

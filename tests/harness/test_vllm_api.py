@@ -12,7 +12,7 @@ import pytest
 from harness.backends.vllm_api import SHAPES, VllmApi, api_for
 from harness.core.vllm_releases import RELEASES, UnknownRelease, release_key
 from harness.releases.vllm_overlay import ensure, overlay_path, read_info
-from impl.profiles import HiSparseResidency, StatsRecordedAt, get_profile
+from impl.profiles import HiSparseLayoutStage, HiSparseResidency, StatsRecordedAt, get_profile
 
 from .make_vars import make_words
 
@@ -170,17 +170,38 @@ def hisparse_residency_in_source(root: Path) -> HiSparseResidency | None:
     return None
 
 
+def hisparse_layout_stage_in_source(root: Path) -> HiSparseLayoutStage | None:
+    """When a release's sizing derives HiSparse's groups (None: no HiSparse):
+    grouping lays them out (0.31+) or only planning does (0.30, which sizes
+    the groups in between with a memory reader of its own)."""
+    path = root / "vllm" / "v1" / "hisparse" / "layout.py"
+    text = path.read_text() if path.exists() else ""
+    if "\ndef _lay_out_hisparse_groups(" in text:
+        return HiSparseLayoutStage.GROUPING
+    if "\ndef get_hisparse_gpu_memory_usage(" in text:
+        return HiSparseLayoutStage.PLANNING
+    return None
+
+
+# Profile fields read off each release's HiSparse source, by their readers.
+HISPARSE_SOURCE_FIELDS = {"hisparse_residency": hisparse_residency_in_source,
+                          "hisparse_layout_stage": hisparse_layout_stage_in_source}
+
+
+@pytest.mark.parametrize("field", HISPARSE_SOURCE_FIELDS)
 @pytest.mark.parametrize("release", CHECKED)
-def test_the_hisparse_residency_field_matches_each_releases_source(release):
-    found = hisparse_residency_in_source(_source_root(release))
-    assert found in (None, get_profile(release).hisparse_residency)
+def test_the_hisparse_fields_match_each_releases_source(release, field):
+    found = HISPARSE_SOURCE_FIELDS[field](_source_root(release))
+    assert found in (None, getattr(get_profile(release), field))
 
 
-def test_a_wrong_hisparse_residency_is_caught():
-    # Negative control: 0.33's source is not of the table-rows shape, nor
-    # 0.17's of any (it has no HiSparse).
-    assert hisparse_residency_in_source(_source_root("0.33.0")) is HiSparseResidency.OVERLAY
-    assert hisparse_residency_in_source(_source_root("0.17.1")) is None
+def test_a_wrong_hisparse_field_is_caught():
+    # Negative control: 0.33's source is of neither older shape (table rows,
+    # groups derived when planned), and 0.17's of none (it has no HiSparse).
+    newest, oldest = _source_root("0.33.0"), _source_root("0.17.1")
+    assert hisparse_residency_in_source(newest) is HiSparseResidency.OVERLAY
+    assert hisparse_layout_stage_in_source(newest) is HiSparseLayoutStage.GROUPING
+    assert [read(oldest) for read in HISPARSE_SOURCE_FIELDS.values()] == [None, None]
 
 
 def test_sizing_functions_are_found_where_each_release_keeps_them():
