@@ -32,12 +32,13 @@ from impl.kv_cache_sizing import (
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
     get_max_concurrency,
+    groups_are_packed,
     iter_layer_specs,
     max_memory_usage_bytes,
 )
 from impl.kv_cache_spec import AttentionSpec, KVCacheGroupSpec, KVCacheSpec, SlidingWindowSpec
 from impl.math_utils import cdiv
-from impl.profiles import KVCacheTensorPlan, UnifyPadsPages
+from impl.profiles import KVCacheTensorPlan, TrailingDraftLayers, UnifyPadsPages
 
 Specs = Mapping[str, KVCacheSpec]
 
@@ -69,9 +70,12 @@ class KVCachePlanningConfig:
     tensor_plan: KVCacheTensorPlan = KVCacheTensorPlan.STRIDED
     # Speculative decoding whose drafter drops hit tails (EAGLE / MTP): the
     # groups holding draft layers are flagged (specs §15); `trailing`: the
-    # drafter's layers are the last ones registered.
+    # drafter's layers are the last ones registered (impl.eagle's
+    # uses_trailing_draft_layers under `trailing_rule`, the profile's
+    # trailing_draft_layers, which also says on which grouping path).
     flags_draft_groups: bool = False
     draft_layers_trailing: bool = False
+    trailing_rule: TrailingDraftLayers = TrailingDraftLayers.MTP_OR_DEEPSEEK_V4
     # Layers whose spec marks them as a drafter's (a non-causal multi-token
     # decode): their groups are draft groups.
     draft_marked_layers: frozenset[str] = frozenset()
@@ -116,8 +120,10 @@ class KVCachePlanningConfig:
         if groups is None:
             groups = self.plain_groups(specs)
         if self.flags_draft_groups:
-            groups = annotate_draft_groups(groups, order, self.draft_layers_trailing,
-                                           self.draft_marked_layers)
+            trailing = self.draft_layers_trailing and (
+                self.trailing_rule is not TrailingDraftLayers.DEEPSEEK_V4_PACKED
+                or groups_are_packed(specs, self.kv_cache_layout))
+            groups = annotate_draft_groups(groups, order, trailing, self.draft_marked_layers)
         return groups
 
     def plan(self, groups: Sequence[KVCacheGroupSpec], memory: int) -> KVCacheConfigPlan:

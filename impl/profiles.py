@@ -388,6 +388,24 @@ class HiSparseHostCapacity(str, Enum):
     EVERY_PAGE = "every_page"
 
 
+class TrailingDraftLayers(str, Enum):
+    """When grouping takes a drafter's KV layers to be the last ones
+    registered and flags the group of the last one (a drafter whose specs
+    carry no marker; specs/KV_CACHE_MANAGER.md section 15). Read only with
+    a drafter that drops hit tails."""
+
+    # 0.17-0.30 (read in 0.30 and 0.29, which knows deepseek_v4 alone, not
+    # deepseek_v41; 0.20-0.28 unread): only for a DeepSeek V4 model type,
+    # whatever the speculative method, and only where the packed grouping
+    # made the groups.
+    DEEPSEEK_V4_PACKED = "deepseek_v4_packed"
+    # 0.31+ (read in 0.31-0.32; 0.33 flags the groups of layers whose specs
+    # say is_draft instead, which is not modelled): for any "mtp" method or
+    # a DeepSeek V4 model type, on the packed and uniform-page paths, when
+    # the groups cover the layers exactly.
+    MTP_OR_DEEPSEEK_V4 = "mtp_or_deepseek_v4"
+
+
 class HiSparseLayoutStage(str, Enum):
     """When sizing derives HiSparse's groups (source, indexer, resident, hot)
     from the model's MLA layers, and so what the groups between grouping and
@@ -534,6 +552,9 @@ class VersionProfile:
     # Whether HiSparse's groups are derived when the model is grouped
     # (0.31+) or only when its KV cache config is planned (0.30).
     hisparse_layout_stage: HiSparseLayoutStage = HiSparseLayoutStage.GROUPING
+    # Which drafters grouping finds by position (the last registered layer),
+    # and on which grouping path.
+    trailing_draft_layers: TrailingDraftLayers = TrailingDraftLayers.MTP_OR_DEEPSEEK_V4
     # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
@@ -644,6 +665,7 @@ def _profiles() -> dict[str, VersionProfile]:
         hisparse_residency=HiSparseResidency.TABLE_ROWS,
         hisparse_host_capacity=HiSparseHostCapacity.BEST_EFFORT,
         hisparse_layout_stage=HiSparseLayoutStage.PLANNING,
+        trailing_draft_layers=TrailingDraftLayers.DEEPSEEK_V4_PACKED,
         common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
@@ -722,6 +744,7 @@ def _profiles() -> dict[str, VersionProfile]:
     then("0.31",
          hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
          hisparse_layout_stage=HiSparseLayoutStage.GROUPING,
+         trailing_draft_layers=TrailingDraftLayers.MTP_OR_DEEPSEEK_V4,
          mamba_eagle_shift_by_draft_group=False,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,

@@ -184,9 +184,10 @@ def _draft_groups(vllm_config) -> dict:
     if spec_config is None or not spec_config.use_eagle_block_drop():
         return {}
     model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
+    rule = convert.PROFILE.trailing_draft_layers
     trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
-        spec_config.method, model_type)
-    return dict(flags_draft_groups=True, draft_layers_trailing=trailing)
+        spec_config.method, model_type, rule)
+    return dict(flags_draft_groups=True, draft_layers_trailing=trailing, trailing_rule=rule)
 
 
 def _usage_args(vllm_config) -> dict:
