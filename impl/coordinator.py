@@ -108,11 +108,12 @@ class KVCacheCoordinator:
         shape = profile.prefix_cache_retention
         validate_retention_interval(interval, self.scheduler_block_size, specs, shape)
         self.retention_interval = interval
-        # Each group's interval: the kinds the release does not thin key densely.
+        # The groups the interval thins: the kinds the release does not thin
+        # key densely. The interval itself is read at each cache step, as
+        # vLLM reads its coordinator's (a caller may set it afterwards).
         thinned = thinned_kinds(shape)
-        self._group_intervals = tuple(
-            interval if isinstance(m.kv_cache_spec, thinned) else None
-            for m in self.single_type_managers)
+        self._thinned_groups = tuple(isinstance(m.kv_cache_spec, thinned)
+                                     for m in self.single_type_managers)
 
     # -- allocation ---------------------------------------------------------------
 
@@ -197,13 +198,16 @@ class KVCacheCoordinator:
         return replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size,
                                  bool(self.eagle_group_ids), self.profile.prefix_cache_retention)
 
+    def _group_interval(self, group_id: int) -> int | None:
+        return self.retention_interval if self._thinned_groups[group_id] else None
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         boundaries = self._replay_boundaries(request)
         for group_id, manager in enumerate(self.single_type_managers):
             if manager.enable_caching:
                 manager.cache_blocks(
                     request, self.get_num_cacheable_tokens(num_computed_tokens, group_id),
-                    self._group_intervals[group_id], boundaries)
+                    self._group_interval(group_id), boundaries)
 
     def _each(self, method: str, *args) -> None:
         """Call `method` with `args` on every group's manager."""
@@ -332,7 +336,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         if self.manager.enable_caching:
             self.manager.cache_blocks(
                 request, max(0, num_computed_tokens - self.num_reprefillable_tokens),
-                self._group_intervals[0], self._replay_boundaries(request))
+                self._group_interval(0), self._replay_boundaries(request))
 
     def remove_skipped_blocks(self, request_id, num_computed_tokens,
                               num_prompt_tokens=None) -> None:

@@ -322,8 +322,15 @@ class MambaPrefillCheckpoints(str, Enum):
     """Mamba "align" groups with prefill checkpoint blocks (a state exported
     inside a prefill chunk into the block before the running one, §9.4.2)."""
 
-    # 0.17-0.30 (older shapes in 0.29-0.30): none.
+    # 0.17-0.29 (0.29 reserves blocks without exporting a position: an
+    # older shape, not modelled): none.
     NONE = "none"
+    # 0.30: 0.31's shape, except that every chunk whose checkpoint is valid
+    # reserves its block (0.31 skips the chunks before the prefill end it is
+    # given), retention 0 drops a chunk's checkpoint before the prompt is
+    # cached even at the prompt's own boundary, and (with mamba_blocks_capped
+    # false) a started request's checkpoint step asks for all it lacks.
+    HASH_GRID_EVERY_CHUNK = "hash_grid_every_chunk"
     # 0.31: the checkpoint lies on the hash-block grid, (chunk end - 1)
     # rounded down, one unit lower under EAGLE; a checkpoint step takes its
     # scratch blocks anew and moves none; a chunk's checkpoint is dropped
@@ -337,6 +344,11 @@ class MambaPrefillCheckpoints(str, Enum):
 
     def __bool__(self) -> bool:
         return self is not MambaPrefillCheckpoints.NONE
+
+    @property
+    def on_hash_grid(self) -> bool:
+        return self in (MambaPrefillCheckpoints.HASH_GRID_EVERY_CHUNK,
+                        MambaPrefillCheckpoints.HASH_GRID)
 
 
 class EagleDropGroups(str, Enum):
@@ -740,7 +752,8 @@ def _profiles() -> dict[str, VersionProfile]:
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
          boundary_state_offloads=True,
          estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE,
-         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL)
+         eagle_drop_groups=EagleDropGroups.FLAGGED_OR_ALL,
+         mamba_prefill_checkpoints=MambaPrefillCheckpoints.HASH_GRID_EVERY_CHUNK)
     then("0.31",
          hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
          hisparse_layout_stage=HiSparseLayoutStage.GROUPING,

@@ -128,7 +128,9 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
         "has_connector_lookup": "get_computed_blocks_for_connector" in manager
         and "truncate_computed_blocks" in manager,
-        "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
+        "shared_prefix_checkpoint_kwarg": next(
+            (name for name in ("enable_mamba_shared_prefix_checkpoint",
+                               "enable_mamba_fine_grained_prefix_cache") if name in init), None),
         "has_hisparse": "advance_scheduled" in hisparse_calls
         and "take_residency_updates" in hisparse_calls,
         "group_takes_is_eagle_group": "is_eagle_group" in _fields_of_text(
