@@ -523,6 +523,29 @@ def _with_hidden_state_groups(groups: list[KVCacheGroupSpec],
     return groups
 
 
+def _one_group(specs: Mapping[str, KVCacheSpec]) -> KVCacheGroupSpec | None:
+    """The model's only group when its layers have one spec or one uniform
+    type; None otherwise."""
+    if is_kv_cache_spec_uniform(specs):
+        return KVCacheGroupSpec(tuple(specs), merge_specs(list(specs.values())))
+    uniform = UniformTypeKVCacheSpecs.from_specs(specs)
+    return None if uniform is None else KVCacheGroupSpec(tuple(specs), uniform)
+
+
+def _split_hidden_state_layers(specs: Mapping[str, KVCacheSpec]) -> tuple[dict, dict]:
+    """(hidden-state layers, the rest): the former keep a table of their own."""
+    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
+    return hidden, {n: s for n, s in specs.items() if n not in hidden}
+
+
+def groups_are_packed(specs: Mapping[str, KVCacheSpec], layout: str = "LBNHC") -> bool:
+    """Whether get_kv_cache_groups makes these (already promoted) specs'
+    groups on its packed path."""
+    if not specs or _one_group(specs) is not None:
+        return False
+    return get_packed_kv_cache_groups(_split_hidden_state_layers(specs)[1], layout) is not None
+
+
 def get_kv_cache_groups(
     specs: Mapping[str, KVCacheSpec], pad_pages: bool | UnifyPadsPages = True,
     layout: str = "LBNHC", disable_hybrid_kv_cache_manager: bool = False,
@@ -535,14 +558,10 @@ def get_kv_cache_groups(
     specs = dict(specs)
     if not specs:
         return []  # attention-free
-    if is_kv_cache_spec_uniform(specs):
-        return [KVCacheGroupSpec(tuple(specs), merge_specs(list(specs.values())))]
-    uniform = UniformTypeKVCacheSpecs.from_specs(specs)
-    if uniform is not None:
-        return [KVCacheGroupSpec(tuple(specs), uniform)]
-    # Hidden-state layers keep a table of their own.
-    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
-    rest = {n: s for n, s in specs.items() if n not in hidden}
+    one = _one_group(specs)
+    if one is not None:
+        return [one]
+    hidden, rest = _split_hidden_state_layers(specs)
     packed = get_packed_kv_cache_groups(rest, layout)
     if packed is not None:
         # Blocks are strided by the widest group: no page to align to.

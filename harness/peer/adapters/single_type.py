@@ -23,7 +23,6 @@ from impl.managers import (
     sink_full_attention,
     sliding_window,
 )
-from impl.profiles import MambaPrefillCheckpoints
 
 
 class _Manager(Adapter):
@@ -169,8 +168,7 @@ CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "Circula
 RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
 
 
-_EAGLE_HOLDS_LAST_TOKEN = (
-    convert.PROFILE.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID)
+_EAGLE_HOLDS_LAST_TOKEN = convert.PROFILE.mamba_prefill_checkpoints.on_hash_grid
 
 
 def get_mamba_prefill_checkpoint_position(num_tokens, hash_block_size, drop_eagle_block,
