@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from impl.kv_cache_spec import KVCacheGroupSpec
-from impl.profiles import EagleDropGroups, VersionProfile
+from impl.profiles import EagleDropGroups, TrailingDraftLayers, VersionProfile
 
 
 class UnsupportedByProfile(ValueError):
@@ -65,10 +65,14 @@ def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained: bool
 _TRAILING_DRAFT_MODELS = frozenset({"deepseek_v4", "deepseek_v41"})
 
 
-def uses_trailing_draft_layers(method: str | None, model_type: str | None) -> bool:
-    """Whether the drafter's KV layers are the last ones registered (an MTP
-    block: nothing in its specs tells it from the target's)."""
-    return method == "mtp" or model_type in _TRAILING_DRAFT_MODELS
+def uses_trailing_draft_layers(method: str | None, model_type: str | None,
+                               rule: TrailingDraftLayers) -> bool:
+    """Whether grouping takes the drafter's KV layers to be the last ones
+    registered (an MTP block: nothing in its specs tells it from the
+    target's)."""
+    if model_type in _TRAILING_DRAFT_MODELS:
+        return True
+    return rule is TrailingDraftLayers.MTP_OR_DEEPSEEK_V4 and method == "mtp"
 
 
 def annotate_draft_groups(groups: Sequence[KVCacheGroupSpec], layer_order: Sequence[str],

@@ -19,19 +19,26 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from impl.eagle import annotate_draft_groups
-from impl.hisparse.layout import HiSparsePlanning, hisparse_kv_cache_groups, plan_hisparse_config
+from impl.hisparse.layout import (
+    HiSparsePlanning,
+    hisparse_kv_cache_groups,
+    plan_hisparse_config,
+    planned_device_usage,
+)
 from impl.kv_cache_sizing import (
     KVCacheConfigPlan,
     UniformTypeKVCacheSpecs,
     bytes_per_block,
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
+    get_max_concurrency,
+    groups_are_packed,
     iter_layer_specs,
     max_memory_usage_bytes,
 )
 from impl.kv_cache_spec import AttentionSpec, KVCacheGroupSpec, KVCacheSpec, SlidingWindowSpec
 from impl.math_utils import cdiv
-from impl.profiles import KVCacheTensorPlan, UnifyPadsPages
+from impl.profiles import KVCacheTensorPlan, TrailingDraftLayers, UnifyPadsPages
 
 Specs = Mapping[str, KVCacheSpec]
 
@@ -63,21 +70,40 @@ class KVCachePlanningConfig:
     tensor_plan: KVCacheTensorPlan = KVCacheTensorPlan.STRIDED
     # Speculative decoding whose drafter drops hit tails (EAGLE / MTP): the
     # groups holding draft layers are flagged (specs §15); `trailing`: the
-    # drafter's layers are the last ones registered.
+    # drafter's layers are the last ones registered (impl.eagle's
+    # uses_trailing_draft_layers under `trailing_rule`, the profile's
+    # trailing_draft_layers, which also says on which grouping path).
     flags_draft_groups: bool = False
     draft_layers_trailing: bool = False
+    trailing_rule: TrailingDraftLayers = TrailingDraftLayers.MTP_OR_DEEPSEEK_V4
     # Layers whose spec marks them as a drafter's (a non-causal multi-token
     # decode): their groups are draft groups.
     draft_marked_layers: frozenset[str] = frozenset()
     # HiSparse on (spec §14.5): its facts; None: off.
     hisparse: HiSparsePlanning | None = None
 
+    @property
+    def hisparse_derived_when_planned(self) -> bool:
+        """HiSparse on, its groups derived only when the config is planned
+        (profile `hisparse_layout_stage` = planning)."""
+        return self.hisparse is not None and self.hisparse.derived_when_planned
+
+    def _usage_args(self) -> dict:
+        return dict(dcp_world_size=self.decode_context_parallel_size,
+                    max_in_flight_tokens=self.max_in_flight_tokens,
+                    max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+                    mamba_cache_mode=self.mamba_cache_mode)
+
     def usage(self, spec, max_model_len: int | None = None) -> int:
         """One request's bytes in a group of this spec."""
         return max_memory_usage_bytes(
             spec, self.max_model_len if max_model_len is None else max_model_len,
-            self.decode_context_parallel_size, self.max_in_flight_tokens,
-            self.max_num_encoder_input_tokens, self.mamba_cache_mode)
+            **self._usage_args())
+
+    def concurrency(self, plan: KVCacheConfigPlan) -> float:
+        """Requests of max_model_len the planned pools hold at once."""
+        return get_max_concurrency(plan.kv_cache_groups, plan.num_blocks, self.max_model_len,
+                                   plan.hisparse_host_num_blocks, **self._usage_args())
 
     def plain_groups(self, specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
         return get_kv_cache_groups(specs, self.pad_pages, self.kv_cache_layout,
@@ -94,8 +120,10 @@ class KVCachePlanningConfig:
         if groups is None:
             groups = self.plain_groups(specs)
         if self.flags_draft_groups:
-            groups = annotate_draft_groups(groups, order, self.draft_layers_trailing,
-                                           self.draft_marked_layers)
+            trailing = self.draft_layers_trailing and (
+                self.trailing_rule is not TrailingDraftLayers.DEEPSEEK_V4_PACKED
+                or groups_are_packed(specs, self.kv_cache_layout))
+            groups = annotate_draft_groups(groups, order, trailing, self.draft_marked_layers)
         return groups
 
     def plan(self, groups: Sequence[KVCacheGroupSpec], memory: int) -> KVCacheConfigPlan:
@@ -176,6 +204,8 @@ def _groups_need(groups: Sequence[KVCacheGroupSpec], config: KVCachePlanningConf
                  length: int) -> int:
     """Bytes one request of `length` tokens takes in a worker's pool: whole
     blocks of every group, each block as wide as the pool's."""
+    if config.hisparse_derived_when_planned and groups:
+        return planned_device_usage(groups, lambda spec: config.usage(spec, length))
     device = [g for g in groups if not g.host_resident]
     if not device:
         return 0
@@ -183,18 +213,32 @@ def _groups_need(groups: Sequence[KVCacheGroupSpec], config: KVCachePlanningConf
     return config.block_bytes(device) * pages
 
 
+def _plan_at(groups, memory: int, config: KVCachePlanningConfig, length: int):
+    """The plan for requests of `length`, None if it cannot be made."""
+    try:
+        return replace(config, max_model_len=length).plan(groups, memory)
+    except ValueError:
+        return None
+
+
 def _plannable_at(groups, memory: int, config: KVCachePlanningConfig, length: int) -> bool:
     """HiSparse: whether its pools can be planned for requests of `length`."""
-    if config.hisparse is None:
-        return True
-    try:
-        replace(config, max_model_len=length).plan(groups, memory)
-    except ValueError:
-        return False
-    return True
+    return config.hisparse is None or _plan_at(groups, memory, config, length) is not None
+
+
+def _holds_one_planned(groups, memory: int, config: KVCachePlanningConfig,
+                       length: int) -> bool:
+    """HiSparse with its groups derived when planned: whether pools planned
+    for requests of `length` hold one of them (the device need is not
+    counted in whole pool blocks there, so the planned pools answer)."""
+    plan = _plan_at(groups, memory, config, length)
+    return plan is not None and replace(config, max_model_len=length).concurrency(plan) >= 1
 
 
 def _estimate_from_groups(groups, memory: int, config: KVCachePlanningConfig) -> int:
+    if config.hisparse_derived_when_planned:
+        return _largest_fitting_length(
+            lambda n: _holds_one_planned(groups, memory, config, n), config.max_model_len)
     return _largest_fitting_length(
         lambda n: _plannable_at(groups, memory, config, n)
         and _groups_need(groups, config, n) <= memory, config.max_model_len)
@@ -285,6 +329,9 @@ def get_kv_cache_configs(
         # The pool will have this many blocks whatever the memory: plan with that.
         memory = [config.num_gpu_blocks_override * config.block_bytes(groups)
                   if groups else m for groups, m in zip(per_worker, memory)]
+    if config.hisparse_derived_when_planned and memory:
+        # Every worker plans with the smallest worker's memory.
+        memory = [min(memory)] * len(memory)
     # One block of each pool is the null block no request can use.
     usable = [m - config.block_bytes(groups) if groups else m
               for groups, m in zip(per_worker, memory)]

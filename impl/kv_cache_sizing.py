@@ -83,11 +83,20 @@ def layer_block_stride(spec: KVCacheSpec) -> int:
     return cdiv(spec.page_size_bytes, step) * step
 
 
-def layer_view_shape_bytes(spec: KVCacheSpec, num_blocks: int) -> tuple[int, int, int, int]:
-    """vLLM 0.32's logical per-layer cache view [blocks, heads, states, bytes]."""
+def layer_view_shape_bytes(spec: KVCacheSpec, num_blocks: int,
+                           kernel_block_size: int | None = None) -> tuple[int, int, int, int]:
+    """vLLM 0.32's logical per-layer cache view [blocks, heads, states, bytes];
+    with a kernel block size, each of the num_blocks blocks is split into
+    blocks of that many tokens (which must divide the spec's)."""
+    kernel = spec.block_size if kernel_block_size is None else kernel_block_size
+    if spec.block_size % kernel:
+        raise AssertionError(f"a kernel block of {kernel} tokens does not divide the "
+                             f"{spec.block_size}-token block")
+    blocks = num_blocks * (spec.block_size // kernel)
     if isinstance(spec, AttentionSpec):
-        return (num_blocks, spec.num_heads, spec.num_states, spec.state_content_size_bytes)
-    return (num_blocks, 1, 1, spec.real_page_size_bytes)
+        return (blocks, spec.num_heads, spec.get_num_kernel_states(kernel),
+                spec.state_content_size_bytes)
+    return (blocks, 1, 1, spec.real_page_size_bytes)
 
 
 def layer_kv_cache_shape(spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
@@ -514,6 +523,29 @@ def _with_hidden_state_groups(groups: list[KVCacheGroupSpec],
     return groups
 
 
+def _one_group(specs: Mapping[str, KVCacheSpec]) -> KVCacheGroupSpec | None:
+    """The model's only group when its layers have one spec or one uniform
+    type; None otherwise."""
+    if is_kv_cache_spec_uniform(specs):
+        return KVCacheGroupSpec(tuple(specs), merge_specs(list(specs.values())))
+    uniform = UniformTypeKVCacheSpecs.from_specs(specs)
+    return None if uniform is None else KVCacheGroupSpec(tuple(specs), uniform)
+
+
+def _split_hidden_state_layers(specs: Mapping[str, KVCacheSpec]) -> tuple[dict, dict]:
+    """(hidden-state layers, the rest): the former keep a table of their own."""
+    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
+    return hidden, {n: s for n, s in specs.items() if n not in hidden}
+
+
+def groups_are_packed(specs: Mapping[str, KVCacheSpec], layout: str = "LBNHC") -> bool:
+    """Whether get_kv_cache_groups makes these (already promoted) specs'
+    groups on its packed path."""
+    if not specs or _one_group(specs) is not None:
+        return False
+    return get_packed_kv_cache_groups(_split_hidden_state_layers(specs)[1], layout) is not None
+
+
 def get_kv_cache_groups(
     specs: Mapping[str, KVCacheSpec], pad_pages: bool | UnifyPadsPages = True,
     layout: str = "LBNHC", disable_hybrid_kv_cache_manager: bool = False,
@@ -526,14 +558,10 @@ def get_kv_cache_groups(
     specs = dict(specs)
     if not specs:
         return []  # attention-free
-    if is_kv_cache_spec_uniform(specs):
-        return [KVCacheGroupSpec(tuple(specs), merge_specs(list(specs.values())))]
-    uniform = UniformTypeKVCacheSpecs.from_specs(specs)
-    if uniform is not None:
-        return [KVCacheGroupSpec(tuple(specs), uniform)]
-    # Hidden-state layers keep a table of their own.
-    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
-    rest = {n: s for n, s in specs.items() if n not in hidden}
+    one = _one_group(specs)
+    if one is not None:
+        return [one]
+    hidden, rest = _split_hidden_state_layers(specs)
     packed = get_packed_kv_cache_groups(rest, layout)
     if packed is not None:
         # Blocks are strided by the widest group: no page to align to.
@@ -617,11 +645,18 @@ def validate_kv_cache_layout(layout: str, groups: Sequence[KVCacheGroupSpec]) ->
 
 
 def layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: str,
-                   block_stride: int | None = None) -> tuple[int, ...]:
-    """Byte strides of the logical [L, B, H, N, C] axes under `layout`."""
+                   block_stride: int | None = None, layer_stride: int | None = None,
+                   kernel_block_size: int | None = None) -> tuple[int, ...]:
+    """Byte strides of the logical [L, B, H, N, C] axes under `layout`; a
+    given block or layer stride is kept (the worker's views take the plan's),
+    the other axes follow from the layout."""
     order = layout_order(layout)
-    shape = (num_layers, *layer_view_shape_bytes(spec, num_blocks))
+    shape = (num_layers, *layer_view_shape_bytes(spec, num_blocks, kernel_block_size))
     padded = getattr(spec, "page_size_padded", None)
+    if padded is not None and kernel_block_size not in (None, spec.block_size):
+        # Padding sits after a whole block's page: a kernel block has none.
+        raise AssertionError(f"a padded page cannot be split into {kernel_block_size}-token "
+                             f"kernel blocks")
     page_grid_end = max(order.index(AXIS_L), order.index(AXIS_B)) + 1
     if padded is not None and prod(shape[d] for d in order[:page_grid_end]) != (
             num_layers * num_blocks):
@@ -629,7 +664,7 @@ def layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: 
         # outside it unless it has a single entry.
         raise AssertionError(f"the {layout} layout puts more than layers and blocks outside "
                              f"a padded page (logical shape {shape})")
-    fixed = (None, block_stride, None, None, None)
+    fixed = (layer_stride, block_stride, None, None, None)
     strides = [0] * 5
     current = 1
     for physical, dim in reversed(tuple(enumerate(order))):

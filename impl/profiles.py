@@ -339,8 +339,15 @@ class MambaPrefillCheckpoints(str, Enum):
     """Mamba "align" groups with prefill checkpoint blocks (a state exported
     inside a prefill chunk into the block before the running one, §9.4.2)."""
 
-    # 0.17-0.30 (older shapes in 0.29-0.30): none.
+    # 0.17-0.29 (0.29 reserves blocks without exporting a position: an
+    # older shape, not modelled): none.
     NONE = "none"
+    # 0.30: 0.31's shape, except that every chunk whose checkpoint is valid
+    # reserves its block (0.31 skips the chunks before the prefill end it is
+    # given), retention 0 drops a chunk's checkpoint before the prompt is
+    # cached even at the prompt's own boundary, and (with mamba_blocks_capped
+    # false) a started request's checkpoint step asks for all it lacks.
+    HASH_GRID_EVERY_CHUNK = "hash_grid_every_chunk"
     # 0.31: the checkpoint lies on the hash-block grid, (chunk end - 1)
     # rounded down, one unit lower under EAGLE; a checkpoint step takes its
     # scratch blocks anew and moves none; a chunk's checkpoint is dropped
@@ -354,6 +361,11 @@ class MambaPrefillCheckpoints(str, Enum):
 
     def __bool__(self) -> bool:
         return self is not MambaPrefillCheckpoints.NONE
+
+    @property
+    def on_hash_grid(self) -> bool:
+        return self in (MambaPrefillCheckpoints.HASH_GRID_EVERY_CHUNK,
+                        MambaPrefillCheckpoints.HASH_GRID)
 
 
 class EagleDropGroups(str, Enum):
@@ -450,6 +462,43 @@ class HiSparseHostCapacity(str, Enum):
     # 0.31+: every page takes a host block; an allocation the host pool
     # cannot back is refused.
     EVERY_PAGE = "every_page"
+
+
+class TrailingDraftLayers(str, Enum):
+    """When grouping takes a drafter's KV layers to be the last ones
+    registered and flags the group of the last one (a drafter whose specs
+    carry no marker; specs/KV_CACHE_MANAGER.md section 15). Read only with
+    a drafter that drops hit tails."""
+
+    # 0.17-0.30 (read in 0.30 and 0.29, which knows deepseek_v4 alone, not
+    # deepseek_v41; 0.20-0.28 unread): only for a DeepSeek V4 model type,
+    # whatever the speculative method, and only where the packed grouping
+    # made the groups.
+    DEEPSEEK_V4_PACKED = "deepseek_v4_packed"
+    # 0.31+ (read in 0.31-0.32; 0.33 flags the groups of layers whose specs
+    # say is_draft instead, which is not modelled): for any "mtp" method or
+    # a DeepSeek V4 model type, on the packed and uniform-page paths, when
+    # the groups cover the layers exactly.
+    MTP_OR_DEEPSEEK_V4 = "mtp_or_deepseek_v4"
+
+
+class HiSparseLayoutStage(str, Enum):
+    """When sizing derives HiSparse's groups (source, indexer, resident, hot)
+    from the model's MLA layers, and so what the groups between grouping and
+    planning are (specs/KV_CACHE_MANAGER.md section 14.5). Read only with
+    HiSparse on (no HiSparse before 0.30)."""
+
+    # 0.17-0.30 (read in 0.30): grouping only puts the MLA layers in one
+    # group ahead of the others' usual groups (and only when the model has
+    # other layers); planning derives the groups from that first one. A
+    # request's device bytes are then the indexer layers' and the other
+    # groups' own usage (not whole pool blocks), the host pool is not checked
+    # against max_model_len, auto-fit asks for a concurrency of one and every
+    # worker plans with the smallest worker's memory.
+    PLANNING = "planning"
+    # 0.31+: grouping derives them; planning sizes the host pool for groups
+    # already laid out.
+    GROUPING = "grouping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,6 +628,12 @@ class VersionProfile:
     # Whether every HiSparse page needs a host block (0.31+) or host capacity
     # is best effort (0.30).
     hisparse_host_capacity: HiSparseHostCapacity = HiSparseHostCapacity.EVERY_PAGE
+    # Whether HiSparse's groups are derived when the model is grouped
+    # (0.31+) or only when its KV cache config is planned (0.30).
+    hisparse_layout_stage: HiSparseLayoutStage = HiSparseLayoutStage.GROUPING
+    # Which drafters grouping finds by position (the last registered layer),
+    # and on which grouping path.
+    trailing_draft_layers: TrailingDraftLayers = TrailingDraftLayers.MTP_OR_DEEPSEEK_V4
     # How the ZMQ publisher encodes each KV event on the wire: msgpack arrays
     # led by the type name up to 0.23, maps with a "type" key from 0.24
     # (vllm/distributed/kv_events.py drops array_like from KVCacheEvent).
@@ -689,6 +744,8 @@ def _profiles() -> dict[str, VersionProfile]:
         hisparse=False,
         hisparse_residency=HiSparseResidency.TABLE_ROWS,
         hisparse_host_capacity=HiSparseHostCapacity.BEST_EFFORT,
+        hisparse_layout_stage=HiSparseLayoutStage.PLANNING,
+        trailing_draft_layers=TrailingDraftLayers.DEEPSEEK_V4_PACKED,
         common_prefix_blocks=True,
         eagle_drop_groups=None,
         eagle_margin_to_hashed_tokens=False,
@@ -768,9 +825,12 @@ def _profiles() -> dict[str, VersionProfile]:
          prefix_cache_retention=PrefixCacheRetention.KV_CACHE_CONFIG,
          boundary_state_offloads=BoundaryStateOffloads.OFFERS_AND_FINALIZE,
          estimate_cached_tokens=CachedTokensEstimate.PREFIX_CACHEABLE,
-         mamba_eagle_tail_shift=MambaEagleTailShift.DRAFT_GROUP)
+         mamba_eagle_tail_shift=MambaEagleTailShift.DRAFT_GROUP,
+         mamba_prefill_checkpoints=MambaPrefillCheckpoints.HASH_GRID_EVERY_CHUNK)
     then("0.31",
          hisparse_host_capacity=HiSparseHostCapacity.EVERY_PAGE,
+         hisparse_layout_stage=HiSparseLayoutStage.GROUPING,
+         trailing_draft_layers=TrailingDraftLayers.MTP_OR_DEEPSEEK_V4,
          mamba_eagle_tail_shift=MambaEagleTailShift.USE_EAGLE,
          tagged_extra_keys=True,
          mm_resumed_walk_last_item=False,

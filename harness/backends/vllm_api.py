@@ -70,8 +70,10 @@ class VllmApi:
     # KVCacheManager.take_boundary_state_offloads / finalize_partial_tail_offloads.
     has_boundary_state_offloads: bool
     has_finalize_partial_tail_offloads: bool
-    # KVCacheManager.__init__ takes enable_mamba_shared_prefix_checkpoint.
-    manager_takes_shared_prefix_checkpoint: bool
+    # The KVCacheManager.__init__ argument that turns on Mamba shared-prefix
+    # (junction) checkpoints: 0.30 names it enable_mamba_fine_grained_prefix_cache
+    # (the same predicate); None: the release has none.
+    shared_prefix_checkpoint_kwarg: str | None
     # KVCacheGroupSpec takes is_eagle_group (groups holding draft layers).
     group_takes_is_eagle_group: bool = False
     # KVCacheManager.__init__ takes num_prefill_lookahead (multi-module MTP).
@@ -127,7 +129,7 @@ _SHAPES: list[VllmApi] = [VllmApi(
     mamba_spec_takes_checkpoints=False,
     has_boundary_state_offloads=False,
     has_finalize_partial_tail_offloads=False,
-    manager_takes_shared_prefix_checkpoint=False,
+    shared_prefix_checkpoint_kwarg=None,
 )]
 
 
@@ -154,8 +156,10 @@ _then("0.28.0", request_takes_session_id=True,
 _then("0.29.0", block_sizes_rule=BlockSizesRule.LCM_GCD,
       retention_interval_from="kv_cache_config",
       mamba_spec_takes_checkpoints=True, has_boundary_state_offloads=True)
-_then("0.30.0", has_finalize_partial_tail_offloads=True, sink_blocks_attr=None)
-_then("0.31.0", sizing_compared=True, manager_takes_shared_prefix_checkpoint=True,
+_then("0.30.0", has_finalize_partial_tail_offloads=True, sink_blocks_attr=None,
+      shared_prefix_checkpoint_kwarg="enable_mamba_fine_grained_prefix_cache")
+_then("0.31.0", sizing_compared=True,
+      shared_prefix_checkpoint_kwarg="enable_mamba_shared_prefix_checkpoint",
       spec_takes_dcp_sharded=True)
 _then("0.32.0", has_hisparse=True)
 _then("0.33.0", sizing_module="vllm.v1.core.kv_cache_planning",

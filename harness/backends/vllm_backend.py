@@ -362,10 +362,10 @@ class VllmBackend(Backend):
                                    "cache.num_hash_lookahead_tokens")
             kwargs["num_hash_lookahead_tokens"] = lookahead
         if config.enable_mamba_shared_prefix_checkpoint:
-            if not api.manager_takes_shared_prefix_checkpoint:
+            if api.shared_prefix_checkpoint_kwarg is None:
                 raise BackendError(f"vLLM {self._release} has no Mamba shared-prefix "
                                    "checkpoints", "cache.enable_mamba_shared_prefix_checkpoint")
-            kwargs["enable_mamba_shared_prefix_checkpoint"] = True
+            kwargs[api.shared_prefix_checkpoint_kwarg] = True
         return kwargs
 
     def _build_manager(self, config: CacheConfig, kv_cache_config, kwargs: dict) -> None:

@@ -158,13 +158,12 @@ def _hand_templates() -> dict[str, tuple[Draw, tuple[str, ...]]]:
         "sparse_mla": (_sparse_mla, ("sparse_mla_groups", "circular_buffer_groups")),
         "mamba_speculative": (_mamba_speculative, ()),
         "mamba_checkpoints": (_mamba_checkpoints, ("mamba_prefill_checkpoints",)),
-        # Its Mamba groups reserve prefill checkpoint blocks too (0.32+).
+        # Its Mamba groups reserve prefill checkpoint blocks too (0.30+).
         "retention": (_retention, ("prefix_cache_retention", "mamba_prefill_checkpoints")),
         "hisparse": (lambda rng, bs, caching: _hisparse_groups(rng, bs), ("hisparse",)),
         # EAGLE / MTP drafters: only profiles that model EAGLE (0.17 does not).
         **{t: (_eagle(t), ("eagle_drop_groups",)) for t in EAGLE_TEMPLATES},
-        # Its Mamba groups may reserve prefill checkpoint blocks (0.31+; 0.30's
-        # older shape is not modelled).
+        # Its Mamba groups may reserve prefill checkpoint blocks (0.30+).
         "mamba_eagle": (_eagle("mamba_eagle"),
                         ("eagle_drop_groups", "mamba_prefill_checkpoints")),
     }

@@ -132,7 +132,7 @@ def to_impl_spec(spec):
             "tokens_per_state": F.MAMBA_TP_REPLICATED,
             "tp_replicated": F.MAMBA_TP_REPLICATED,
         })
-        # 0.29-0.30's checkpoint blocks are an older shape impl does not model.
+        # 0.29's checkpoint blocks are an older shape impl does not model.
         require(not getattr(spec, "num_prefill_checkpoint_blocks", 0)
                 or bool(PROFILE.mamba_prefill_checkpoints), F.MAMBA_CHECKPOINTS,
                 f"prefill checkpoint blocks under vLLM {PROFILE.name}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.peer import features as F
-
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -54,10 +52,6 @@ FINDINGS: dict[str, Finding] = {
     "test_kv_wake_does_not_run_model_runner_recovery": Finding(
         _NA, "the worker's wake-up from sleep mode (saved buffers, no KV cache answer)"),
     # vLLM 0.30.0 (issue 23): read in its source, not modelled yet.
-    "test_deepseek_v4_annotation_requires_model_type": Finding(
-        _FAIL, "divergence: 0.30 flags the trailing layers as the drafter's only for "
-               "DeepSeek V4 model types (_is_deepseek_v4_eagle), not for every MTP method "
-               "as impl does (0.31's rule)", F.DRAFT_GROUP_ANNOTATION),
     "test_cpu_manager": Finding(
         _FAIL, "divergence: 0.30's CPU offload manager (no per-request access records) "
                "picks its stores otherwise; impl models 0.32's tier (offload_cpu_tier is "

@@ -120,7 +120,9 @@ _SPEC_READERS = {"vllm.v1.engine.core": ("is_full_attention_spec",)}
 
 def rebind_vllm_callers() -> None:
     """Point the Scheduler's and model runner's checkpoint helpers at impl's,
-    and the model runner's input batch at impl's worker block tables."""
+    the model runner's input batch at impl's worker block tables, the
+    Scheduler's KV cache manager at impl's, and the connectors' KV cache
+    names at impl's."""
     import impl.mamba_checkpoint as imc
     from harness.peer.adapters import single_type, worker
     from harness.peer.instrument import release_module
@@ -133,6 +135,54 @@ def rebind_vllm_callers() -> None:
         module = release_module(module_name)
         if module is not None and hasattr(module, name):
             setattr(module, name, adapter)
+    _rebind_caller_modules()
+
+
+# vLLM's modules beside the KV cache that call into it: the connectors'
+# scheduler sides (the OffloadingConnector, the simple CPU offload and the CPU
+# pool it keeps). In the impl run their KV cache names are impl's, as in a
+# test module, so a test driving a connector checks impl's answers.
+_CALLER_MODULES = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.events",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.config",
+    "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector",
+    "vllm.v1.simple_kv_offload.manager",
+)
+
+
+def _rebind_caller_modules() -> None:
+    from harness.peer.instrument import release_module
+
+    for module_name in _CALLER_MODULES:
+        try:
+            module = release_module(module_name)
+        except ImportError:  # a connector this build cannot import (a GPU library)
+            continue
+        if module is not None:
+            rebind_module(module)
+            registry = getattr(module, "KVCacheSpecRegistry", None)
+            if registry is not None and not isinstance(registry, _RegistryView):
+                module.KVCacheSpecRegistry = _RegistryView(registry)
+
+
+class _RegistryView:
+    """vLLM's spec registry as a connector sees it in the impl run: the
+    manager class it names for a spec is impl's (its static answers, such as
+    reachable_block_mask, are then impl's); the rest is vLLM's registry."""
+
+    def __init__(self, registry) -> None:
+        self._registry = registry
+
+    def get_manager_class(self, *args, **kwargs):
+        cls = self._registry.get_manager_class(*args, **kwargs)
+        hit = table().get(id(cls))
+        return hit[1] if hit is not None and hit[0] is cls else cls
+
+    def __getattr__(self, name: str):
+        return getattr(self._registry, name)
 
 
 def _scheduler_builds():
@@ -157,7 +207,15 @@ def table() -> dict[int, tuple[object, object]]:
     """id(vLLM object) -> (vLLM object, adapter)."""
     global _table
     if _table is None:
-        _table = {id(v): (v, a) for v, a in _entries()}
+        _table = {}
+        for v, a in _entries():
+            _table[id(v)] = (v, a)
+            # A module that imported the name before vLLM's callables were
+            # wrapped for counting (a connector imported early) holds the
+            # function itself: it is rebound all the same.
+            raw = getattr(v, "__wrapped__", None)
+            if raw is not None and getattr(v, "__kvconform_counted__", False):
+                _table[id(raw)] = (raw, a)
     return _table
 
 
@@ -184,6 +242,11 @@ _PROXIED = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_manager",
             "vllm.v1.core.kv_cache_metrics", "vllm.v1.hisparse.layout",
             "vllm.v1.worker.block_table", "vllm.v1.worker.cp_utils",
             "vllm.v1.attention.backends.utils")
+# Proxied only for `from M import name` run by a test (inside a function:
+# module-level names are rebound through the table anyway); a test holding
+# the module itself keeps vLLM's, whose other names it monkeypatches (the
+# worker's zeroing kernel) for vLLM's own callers to see.
+_FROM_IMPORT_PROXIED = ("vllm.v1.worker.utils",)
 
 
 def proxy(module: types.ModuleType) -> types.ModuleType:
@@ -263,7 +326,7 @@ def _is_test_module(globals_) -> bool:
 def _import(name, globals=None, locals=None, fromlist=(), level=0):
     module = _real_import(name, globals, locals, fromlist, level)
     if fromlist and level == 0 and _is_test_module(globals):
-        if name in _PROXIED:
+        if name in _PROXIED or name in _FROM_IMPORT_PROXIED:
             return proxy(module)
         if name in _SPEC_READERS:
             _rebind_spec_readers(module)

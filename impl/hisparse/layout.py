@@ -24,6 +24,7 @@ from impl.kv_cache_sizing import (
 )
 from impl.kv_cache_spec import KVCacheGroupRole, KVCacheGroupSpec, KVCacheSpec, MLAAttentionSpec
 from impl.math_utils import cdiv
+from impl.profiles import HiSparseLayoutStage
 
 RESIDENT_SUFFIX = ".hisparse_resident"
 HOT_SUFFIX = ".hisparse_hot"
@@ -44,6 +45,14 @@ class HiSparsePlanning:
     max_decode_query_len: int = 1  # 1 + speculative tokens
     host_pool_bytes: int | None = None  # None: no HiSparse connector sized one
     shared_host_pool: bool = False  # local TP ranks map one host pool
+    # The profile's hisparse_layout_stage: when the groups are derived.
+    layout_stage: HiSparseLayoutStage = HiSparseLayoutStage.GROUPING
+
+    @property
+    def derived_when_planned(self) -> bool:
+        """Grouping leaves the MLA layers in one group; planning derives
+        HiSparse's groups from it."""
+        return self.layout_stage is HiSparseLayoutStage.PLANNING
 
     def hot_rows(self) -> int:
         """Rows of a request's hot buffer: a top-k per decode query, plus one
@@ -84,7 +93,11 @@ def _is_derived(spec: KVCacheSpec) -> bool:
     return isinstance(spec, (HiSparseResidentSpec, HiSparseHotSpec))
 
 
-def _split_by_role(mla: UniformTypeKVCacheSpecs) -> tuple[dict, dict]:
+def _split_by_role(mla: KVCacheSpec) -> tuple[dict, dict]:
+    """The MLA group's source and indexer layers."""
+    if not isinstance(mla, UniformTypeKVCacheSpecs):
+        raise ValueError("HiSparse derives its groups from one group of MLA layers of "
+                         f"a uniform type, not from a {type(mla).__name__}")
     layers = mla.kv_cache_specs
     if any(getattr(s, "model_version", None) == "deepseek_v4" for s in layers.values()):
         raise ValueError("HiSparse cannot serve DeepSeek V4 layers: it does not support "
@@ -142,20 +155,11 @@ def _derived_groups(bundle: list[str], source: Mapping[str, MLAAttentionSpec],
     return resident, hot
 
 
-def hisparse_kv_cache_groups(
-    specs: Mapping[str, KVCacheSpec], planning: HiSparsePlanning,
-    group_rest: Callable[[dict[str, KVCacheSpec]], list[KVCacheGroupSpec]],
-) -> list[KVCacheGroupSpec] | None:
-    """HiSparse's groups for the model's layers (None: no MLA layer, so no
-    HiSparse layout). `group_rest` groups the non-MLA layers as usual."""
-    mla = {n: s for n, s in specs.items() if isinstance(s, MLAAttentionSpec)}
-    if not mla:
-        return None
-    rest = {n: s for n, s in specs.items() if n not in mla and not _is_derived(s)}
-    uniform = UniformTypeKVCacheSpecs.from_specs(mla)
-    if uniform is None:
-        raise AssertionError("HiSparse's MLA layers are not of one uniform type")
-    source, indexer = _split_by_role(uniform)
+def _lay_out(mla: KVCacheSpec, others: list[KVCacheGroupSpec],
+             planning: HiSparsePlanning) -> list[KVCacheGroupSpec]:
+    """HiSparse's groups derived from `mla`, the one group of every MLA
+    layer, with the model's other groups after them."""
+    source, indexer = _split_by_role(mla)
     block_sizes = {s.block_size for s in (*source.values(), *indexer.values())}
     if len(block_sizes) != 1:
         raise ValueError(f"HiSparse's MLA layers come in block sizes {sorted(block_sizes)}; "
@@ -174,8 +178,42 @@ def hisparse_kv_cache_groups(
     indexer_group = KVCacheGroupSpec(
         tuple(indexer), UniformTypeKVCacheSpecs.from_specs(indexer),
         role=KVCacheGroupRole.HISPARSE_INDEXER)
-    others = group_rest(rest) if rest else []
     return [source_group, indexer_group, *residents, *hots, *others]
+
+
+def hisparse_kv_cache_groups(
+    specs: Mapping[str, KVCacheSpec], planning: HiSparsePlanning,
+    group_rest: Callable[[dict[str, KVCacheSpec]], list[KVCacheGroupSpec]],
+) -> list[KVCacheGroupSpec] | None:
+    """HiSparse's groups for the model's layers (None: grouped as usual).
+    `group_rest` groups the non-MLA layers as usual. Derived when grouping
+    (profile `hisparse_layout_stage` = grouping), else the MLA layers' one
+    group ahead of the rest, for planning to derive them from."""
+    mla = {n: s for n, s in specs.items() if isinstance(s, MLAAttentionSpec)}
+    if not mla:
+        return None
+    rest = {n: s for n, s in specs.items() if n not in mla and not _is_derived(s)}
+    if planning.derived_when_planned and not rest:
+        # An MLA-only model: its usual grouping already makes that one group.
+        return None
+    uniform = UniformTypeKVCacheSpecs.from_specs(mla)
+    if uniform is None:
+        raise AssertionError("HiSparse's MLA layers are not of one uniform type")
+    others = group_rest(rest) if rest else []
+    if planning.derived_when_planned:
+        return [KVCacheGroupSpec(tuple(mla), uniform), *others]
+    return _lay_out(uniform, others, planning)
+
+
+def planned_device_usage(groups: Sequence[KVCacheGroupSpec],
+                         usage: Callable[[KVCacheSpec], int]) -> int:
+    """One request's device bytes for groups whose HiSparse groups are
+    derived when planned: the indexer layers' and the other groups' own
+    usage (the source layers live on the host; the resident and hot groups,
+    not derived yet, are not counted)."""
+    _, indexer = _split_by_role(groups[0].kv_cache_spec)
+    return (sum(usage(s) for s in indexer.values())
+            + sum(usage(g.kv_cache_spec) for g in groups[1:]))
 
 
 # -- pools ----------------------------------------------------------------------------
@@ -192,10 +230,10 @@ class HiSparseLayout:
     shared_host_pool: bool
 
 
-def plan_host_pool(groups: Sequence[KVCacheGroupSpec], max_model_len: int,
+def plan_host_pool(groups: Sequence[KVCacheGroupSpec], max_model_len: int | None,
                    host_budget: int, shared_host_pool: bool) -> HiSparseLayout:
     """Host blocks of `host_budget` bytes; one request of max_model_len must
-    fit."""
+    fit (None: not checked, the stage `planning`)."""
     host = [g for g in groups if g.host_resident]
     if len(host) != 1:
         raise AssertionError(f"HiSparse needs one host-resident group, got {len(host)}")
@@ -208,13 +246,24 @@ def plan_host_pool(groups: Sequence[KVCacheGroupSpec], max_model_len: int,
     if num_blocks <= 0:
         raise ValueError(f"the HiSparse host budget of {host_budget} bytes holds no "
                          f"{stride}-byte block")
-    needed = cdiv(max_model_len, source.kv_cache_spec.block_size) + _HOST_SPARE_BLOCKS
+    needed = 0 if max_model_len is None else (
+        cdiv(max_model_len, source.kv_cache_spec.block_size) + _HOST_SPARE_BLOCKS)
     if num_blocks < needed:
         raise ValueError(
             f"a request of max_model_len {max_model_len} needs {needed} HiSparse host "
             f"blocks but the pool holds {num_blocks}: increase host_pool_gib")
     return HiSparseLayout(source, [g for g in groups if not g.host_resident], num_blocks,
                           stride, shared_host_pool)
+
+
+def hisparse_layout(groups: Sequence[KVCacheGroupSpec], max_model_len: int,
+                    planning: HiSparsePlanning, host_budget: int) -> HiSparseLayout:
+    """The two pools' groups and the host pool's size, the groups derived
+    first where grouping left that to planning."""
+    if planning.derived_when_planned:
+        groups = _lay_out(groups[0].kv_cache_spec, list(groups[1:]), planning)
+        return plan_host_pool(groups, None, host_budget, planning.shared_host_pool)
+    return plan_host_pool(groups, max_model_len, host_budget, planning.shared_host_pool)
 
 
 def plan_hisparse_config(groups: Sequence[KVCacheGroupSpec], available_memory: int,
@@ -224,8 +273,7 @@ def plan_hisparse_config(groups: Sequence[KVCacheGroupSpec], available_memory: i
     planning's host budget; host tensors first."""
     if planning.host_pool_bytes is None:
         raise ValueError("HiSparse has no host pool: its connector must set host_pool_gib")
-    pools = plan_host_pool(groups, max_model_len, planning.host_pool_bytes,
-                           planning.shared_host_pool)
+    pools = hisparse_layout(groups, max_model_len, planning, planning.host_pool_bytes)
     device = get_kv_cache_config_from_groups(pools.device_groups, available_memory,
                                              layout=layout,
                                              num_gpu_blocks_override=num_gpu_blocks_override)

@@ -72,10 +72,12 @@ class MambaManager(SingleTypeKVCacheManager):
             raise ValueError(f"vLLM {profile.name} has no Mamba prefill checkpoint blocks")
         self.has_prefill_checkpoint_blocks = (
             self._align and kv_cache_spec.num_prefill_checkpoint_blocks > 0)
-        # 0.31's checkpoints: on the hash grid, scratch blocks taken anew in a
-        # checkpoint step, dropped only under retention 0 (profile field).
-        self._hash_grid_checkpoints = (
-            profile.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID)
+        # 0.30-0.31's checkpoints: on the hash grid, scratch blocks taken anew
+        # in a checkpoint step, dropped only under retention 0; 0.30's for
+        # every chunk (profile field).
+        self._hash_grid_checkpoints = profile.mamba_prefill_checkpoints.on_hash_grid
+        self._every_chunk_checkpoints = (
+            profile.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID_EVERY_CHUNK)
         # Releases run this many tokens behind the computed count (0.17).
         self._release_lag = (self.num_speculative_blocks
                              if profile.mamba_release_lags_speculative_blocks else 0)
@@ -210,8 +212,12 @@ class MambaManager(SingleTypeKVCacheManager):
             if request_id not in self.allocated_requests or self._fresh_scratch(
                     checkpoint is not None):
                 cap += scratch
-            # Before 0.31 the count is that whatever is missing.
-            short = min(short, cap) if self._profile.mamba_blocks_capped else cap
+            if self._profile.mamba_blocks_capped:
+                short = min(short, cap)
+            elif checkpoint is None or request_id not in self.allocated_requests:
+                # Before 0.31 the count is the cap whatever is missing...
+                short = cap
+            # ...but a started request's checkpoint step asks for what it lacks (0.30).
         reclaimed = sum(1 for b in new_computed_blocks if not b.ref_cnt and not b.is_null)
         return short + reclaimed
 
@@ -219,8 +225,10 @@ class MambaManager(SingleTypeKVCacheManager):
                         prefill_end: int) -> tuple[int, int] | None:
         """(position, table index) of the prefill checkpoint a chunk
         [start, end) exports, or None."""
-        if not self.has_prefill_checkpoint_blocks or end < prefill_end:
+        if not self.has_prefill_checkpoint_blocks:
             return None
+        if end < prefill_end and not self._every_chunk_checkpoints:
+            return None  # 0.31+: only the prefill end's chunk keeps one
         position = self._checkpoint_position(end)
         if not position or not is_mamba_prefill_checkpoint_valid(
                 start, end, position, self.block_pool.hash_block_size, self.block_size,
@@ -444,10 +452,10 @@ class MambaManager(SingleTypeKVCacheManager):
         # compare with the prompt's own checkpoint, not with num_tokens.
         reusable = position == self._checkpoint_position(request.num_prompt_tokens)
         if self._hash_grid_checkpoints:
-            # 0.31 drops a chunk's checkpoint only under retention 0, and
-            # not once the prompt is cached.
-            reusable = reusable or retention_interval != 0 or (
-                num_tokens >= request.num_prompt_tokens)
+            # 0.30-0.31 drop a chunk's checkpoint only under retention 0, and
+            # not once the prompt is cached; 0.30 even at the prompt's own.
+            reusable = ((reusable and not self._every_chunk_checkpoints)
+                        or retention_interval != 0 or num_tokens >= request.num_prompt_tokens)
         elif not reusable and position % self.block_size == 0:
             state = position // self.block_size - 1
             mask = self.reachable_block_mask(state, state + 1, alignment, self.kv_cache_spec,

@@ -11,6 +11,8 @@ ids the scheduler hands it (specs/WORKER_BLOCK_TABLE.md).
 - `block_copies.py`: copy-on-write copies of whole blocks in KV tensors;
 - `forward_tables.py`: the forward pass's tables gathered from the rows
   (0.33: entries below a sliding window nulled);
+- `kv_cache_allocation.py`: a whole KV cache config's backing allocation and
+  every layer's strided view of its pages;
 - `cp_local_lengths.py`: how many of a sequence's tokens each context-parallel
   rank holds.
 """

@@ -12,7 +12,13 @@ import pytest
 from harness.backends.vllm_api import SHAPES, VllmApi, api_for
 from harness.core.vllm_releases import RELEASES, UnknownRelease, release_key
 from harness.releases.vllm_overlay import ensure, overlay_path, read_info
-from impl.profiles import HiSparseResidency, StatsRecordedAt, get_profile
+from impl.profiles import (
+    HiSparseLayoutStage,
+    HiSparseResidency,
+    StatsRecordedAt,
+    TrailingDraftLayers,
+    get_profile,
+)
 
 from .make_vars import make_words
 
@@ -124,7 +130,9 @@ def source_mismatches(api: VllmApi, root: Path) -> list[str]:
         "has_finalize_partial_tail_offloads": "finalize_partial_tail_offloads" in manager,
         "has_connector_lookup": "get_computed_blocks_for_connector" in manager
         and "truncate_computed_blocks" in manager,
-        "manager_takes_shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint" in init,
+        "shared_prefix_checkpoint_kwarg": next(
+            (name for name in ("enable_mamba_shared_prefix_checkpoint",
+                               "enable_mamba_fine_grained_prefix_cache") if name in init), None),
         "has_hisparse": "advance_scheduled" in hisparse_calls
         and "take_residency_updates" in hisparse_calls,
         "group_takes_is_eagle_group": "is_eagle_group" in _fields_of_text(
@@ -172,17 +180,55 @@ def hisparse_residency_in_source(root: Path) -> HiSparseResidency | None:
     return None
 
 
+def _by_definitions(path: Path, rules):
+    """The value of the first (function name, value) rule whose function the
+    module at `path` defines at top level (None: none, or no such module)."""
+    text = path.read_text() if path.exists() else ""
+    return next((value for name, value in rules if f"\ndef {name}(" in text), None)
+
+
+def hisparse_layout_stage_in_source(root: Path) -> HiSparseLayoutStage | None:
+    """When a release's sizing derives HiSparse's groups (None: no HiSparse):
+    grouping lays them out (0.31+) or only planning does (0.30, which sizes
+    the groups in between with a memory reader of its own)."""
+    return _by_definitions(root / "vllm" / "v1" / "hisparse" / "layout.py",
+                           (("_lay_out_hisparse_groups", HiSparseLayoutStage.GROUPING),
+                            ("get_hisparse_gpu_memory_usage", HiSparseLayoutStage.PLANNING)))
+
+
+def trailing_draft_layers_in_source(root: Path) -> TrailingDraftLayers | None:
+    """Which drafters a release's grouping finds by their last layer (None:
+    no such rule, before draft groups and in 0.33, which reads specs'
+    is_draft): DeepSeek V4 types on the packed path (0.29-0.30), or MTP too."""
+    return _by_definitions(
+        root / "vllm" / "v1" / "core" / "kv_cache_utils.py",
+        (("_uses_trailing_mtp_layers", TrailingDraftLayers.MTP_OR_DEEPSEEK_V4),
+         ("_is_deepseek_v4_eagle", TrailingDraftLayers.DEEPSEEK_V4_PACKED)))
+
+
+# Profile fields read off each release's source, by their readers.
+SOURCE_FIELDS = {"hisparse_residency": hisparse_residency_in_source,
+                 "hisparse_layout_stage": hisparse_layout_stage_in_source,
+                 "trailing_draft_layers": trailing_draft_layers_in_source}
+
+
+@pytest.mark.parametrize("field", SOURCE_FIELDS)
 @pytest.mark.parametrize("release", CHECKED)
-def test_the_hisparse_residency_field_matches_each_releases_source(release):
-    found = hisparse_residency_in_source(_source_root(release))
-    assert found in (None, get_profile(release).hisparse_residency)
+def test_the_fields_read_off_the_source_match_each_release(release, field):
+    found = SOURCE_FIELDS[field](_source_root(release))
+    assert found in (None, getattr(get_profile(release), field))
 
 
-def test_a_wrong_hisparse_residency_is_caught():
-    # Negative control: 0.33's source is not of the table-rows shape, nor
-    # 0.17's of any (it has no HiSparse).
-    assert hisparse_residency_in_source(_source_root("0.33.0")) is HiSparseResidency.OVERLAY
-    assert hisparse_residency_in_source(_source_root("0.17.1")) is None
+def test_a_wrong_field_read_off_the_source_is_caught():
+    # Negative control: 0.33's source is of neither older HiSparse shape
+    # (table rows, groups derived when planned), 0.32's finds MTP drafters
+    # by position, and 0.17's has none of the three.
+    newest, oldest = _source_root("0.33.0"), _source_root("0.17.1")
+    assert hisparse_residency_in_source(newest) is HiSparseResidency.OVERLAY
+    assert hisparse_layout_stage_in_source(newest) is HiSparseLayoutStage.GROUPING
+    assert trailing_draft_layers_in_source(_source_root("0.32.0")) is (
+        TrailingDraftLayers.MTP_OR_DEEPSEEK_V4)
+    assert [read(oldest) for read in SOURCE_FIELDS.values()] == [None, None, None]
 
 
 def test_sizing_functions_are_found_where_each_release_keeps_them():

@@ -14,9 +14,12 @@ from impl.eagle import (
     draft_group_ids,
     dropping_group_ids,
     eagle_proof_margin,
+    uses_trailing_draft_layers,
 )
 from impl.invariants import InvariantChecker, InvariantViolation, check_invariants
 from impl.kv_cache_manager import KVCacheManager
+from impl.kv_cache_planning import KVCachePlanningConfig
+from impl.kv_cache_sizing import groups_are_packed
 from impl.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -24,7 +27,7 @@ from impl.kv_cache_spec import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from impl.profiles import EagleDropGroups, get_profile
+from impl.profiles import EagleDropGroups, TrailingDraftLayers, get_profile
 from impl.request import Request
 
 P32, P17 = get_profile("0.32"), get_profile("0.17")
@@ -282,3 +285,34 @@ def test_which_full_attention_batches_are_cut_to_the_agreed_hit(release, draft_b
     assert hit == 12
     target, draft, _ = blocks.blocks
     assert (len(target), len(draft)) == (3, draft_blocks)
+
+
+@pytest.mark.parametrize("rule, method, model_type, found", [
+    (TrailingDraftLayers.MTP_OR_DEEPSEEK_V4, "mtp", "other", True),
+    (TrailingDraftLayers.MTP_OR_DEEPSEEK_V4, "dspark", "deepseek_v41", True),
+    (TrailingDraftLayers.MTP_OR_DEEPSEEK_V4, "eagle", "other", False),
+    # 0.30: the model type alone decides.
+    (TrailingDraftLayers.DEEPSEEK_V4_PACKED, "mtp", "other", False),
+    (TrailingDraftLayers.DEEPSEEK_V4_PACKED, "dspark", "deepseek_v4", True),
+])
+def test_which_drafters_are_found_by_their_last_layer(rule, method, model_type, found):
+    assert uses_trailing_draft_layers(method, model_type, rule) is found
+
+
+@pytest.mark.parametrize("rule, flagged", [
+    (TrailingDraftLayers.MTP_OR_DEEPSEEK_V4, [False, True]),
+    # 0.30 finds the last layer's group only on the packed path; these specs
+    # take the uniform-page path.
+    (TrailingDraftLayers.DEEPSEEK_V4_PACKED, [False, False]),
+])
+def test_the_trailing_rule_follows_the_grouping_path(rule, flagged):
+    specs = {"full": FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64,
+                                       dtype_size=2),
+             "window": SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=64,
+                                         dtype_size=2, sliding_window=32)}
+    cfg = KVCachePlanningConfig(max_model_len=64, flags_draft_groups=True,
+                                draft_layers_trailing=True, trailing_rule=rule)
+    assert not groups_are_packed(specs, cfg.kv_cache_layout)
+    groups = cfg.groups(dict(specs))
+    assert [g.layer_names for g in groups] == [("full",), ("window",)]
+    assert [g.is_eagle_group for g in groups] == flagged

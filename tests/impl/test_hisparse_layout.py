@@ -4,6 +4,7 @@ zeroing). Expected values are worked out by hand in the comments."""
 
 import pytest
 
+from impl import kv_cache_planning as iplan
 from impl import kv_cache_sizing as isizing
 from impl.hisparse import layout as hl
 from impl.hisparse.specs import HiSparseHotSpec, HiSparseResidentSpec
@@ -16,6 +17,7 @@ from impl.kv_cache_spec import (
     MambaSpec,
     MLAAttentionSpec,
 )
+from impl.profiles import HiSparseLayoutStage
 
 BS = 64
 
@@ -194,3 +196,64 @@ def test_needs_kv_cache_zeroing():
     # The host pool is never zeroed on the device: its precision does not count.
     assert not isizing.needs_kv_cache_zeroing([
         KVCacheGroupSpec(("a",), bf16, host_resident=True), KVCacheGroupSpec(("b",), fp16)])
+
+
+# -- 0.30: groups derived when planned (profile hisparse_layout_stage) ---------------------
+
+_AT_PLANNING = dict(layout_stage=HiSparseLayoutStage.PLANNING)
+
+
+def _with_full_attention():
+    specs = _model(1)
+    specs["f"] = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype_size=2)
+    return specs
+
+
+def _planner(**planning):
+    return iplan.KVCachePlanningConfig(
+        max_model_len=BS, kv_cache_layout="BLHNC",
+        hisparse=hl.HiSparsePlanning(index_topk=128, host_pool_bytes=2**30, **planning))
+
+
+def test_planning_stage_groups_only_the_mla_layers():
+    mla, full = _planner(**_AT_PLANNING).groups(_with_full_attention())
+    assert mla.layer_names == ("l0", "l0.indexer") and mla.role is None
+    assert isinstance(mla.kv_cache_spec, isizing.UniformTypeKVCacheSpecs)
+    assert full.layer_names == ("f",)
+    # An MLA-only model is grouped as usual (into that one group).
+    assert hl.hisparse_kv_cache_groups(_model(1), hl.HiSparsePlanning(128, **_AT_PLANNING),
+                                       _no_rest) is None
+
+
+def test_planning_stage_derives_the_groups_grouping_would():
+    later = _planner(**_AT_PLANNING)
+    now = _planner()
+    specs = _with_full_attention()
+    assert (later.plan(later.groups(dict(specs)), 2**30)
+            == now.plan(now.groups(dict(specs)), 2**30))
+
+
+def test_planning_stage_does_not_fit_the_host_pool_to_max_model_len():
+    # The budget of test_host_pool_holds_one_longest_request that 0.31 refuses.
+    cfg = _planner(**_AT_PLANNING)
+    groups = cfg.groups(_with_full_attention())
+    pools = hl.hisparse_layout(groups, 4 * BS, cfg.hisparse, 5 * 73728)
+    assert pools.host_num_blocks == 5
+    assert [g.role for g in pools.device_groups[:1]] == [KVCacheGroupRole.HISPARSE_INDEXER]
+
+
+def test_planning_stage_device_need_is_indexer_and_other_groups():
+    cfg = _planner(**_AT_PLANNING)
+    groups = cfg.groups(_with_full_attention())
+    # max_model_len of one block: the indexer's page (128 x 2 x 64 = 16384 B)
+    # and the full layer's (2 x 64 x 2 x 64 = 16384 B); the source's 73728 B
+    # live on the host.
+    assert hl.planned_device_usage(groups, cfg.usage) == 16384 + 16384
+
+
+def test_planning_stage_workers_plan_with_the_smallest_memory():
+    cfg = _planner(**_AT_PLANNING)
+    plans, _ = iplan.get_kv_cache_configs([_with_full_attention()] * 2, [2**30, 2**29], cfg)
+    assert plans[0].num_blocks == plans[1].num_blocks
+    assert [t.size for t in plans[0].kv_cache_tensors] == [
+        t.size for t in plans[1].kv_cache_tensors]

@@ -23,6 +23,7 @@ from impl.profiles import get_profile
 from impl.request import Request
 
 P32, P17 = get_profile("0.32"), get_profile("0.17")
+P30, P31 = get_profile("0.30"), get_profile("0.31")
 
 
 def mamba(block_size, **kw):
@@ -362,3 +363,18 @@ def test_the_mamba_prompt_tail_moves_under_eagle_by_release(release, flag_full_o
     assert m.allocate_slots(r, 4) is not None
     r.num_computed_tokens = 24
     assert keyed(24) is not shifted
+
+
+@pytest.mark.parametrize("profile,retention,reserved,findable", [
+    (P30, 0, True, False),  # 0.30: every chunk reserves one; retention 0 drops it
+    (P31, 0, False, False),  # 0.31: only the prefill end's chunk under retention 0
+    (P30, None, True, True),  # hash grid: dense retention keeps a chunk's checkpoint
+])
+def test_0_30_reserves_a_checkpoint_for_every_chunk(profile, retention, reserved, findable):
+    run = hybrid(retention=retention, profile=profile)
+    mm = run.m.coordinator.single_type_managers[1]
+    r = run.request("p", 240)
+    run.allocate(r, 128)
+    # The chunk [0, 128) exports (128 - 1) // 16 * 16 = 112 into column 2.
+    assert mm.prefill_checkpoints.get("p") == ((112, 2) if reserved else None)
+    assert (run.cached(r, 112, 1) is not None) is findable

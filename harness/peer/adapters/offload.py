@@ -9,6 +9,7 @@ contexts are vLLM's own: impl reads them through the same methods."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from harness.peer import convert
@@ -88,6 +89,13 @@ class CPUOffloadingManager(imanager.CPUOffloadingManager):
 
     def config_info(self):
         return [self._info]
+
+    @property
+    def lock(self):
+        # 0.33's connector enters the manager's lock around every call; impl's
+        # manager is only ever entered from one thread, so it is a no-op (as
+        # vLLM's own CPU manager's is).
+        return contextlib.nullcontext()
 
     _policy = _alias("policy")
     _num_evictable_cache_chunks = _alias("num_evictable")

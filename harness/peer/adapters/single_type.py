@@ -23,7 +23,6 @@ from impl.managers import (
     sink_full_attention,
     sliding_window,
 )
-from impl.profiles import MambaPrefillCheckpoints
 
 
 class _Manager(Adapter):
@@ -144,7 +143,9 @@ class _Manager(Adapter):
 
 
 def _manager(impl_cls, name):
-    adapter = type(name, (_Manager,), {"_impl_cls": impl_cls})
+    # The class-level facts vLLM's connectors read off a manager class.
+    facts = {"supports_fine_grained_hash_lookup": impl_cls.supports_fine_grained_hash_lookup}
+    adapter = type(name, (_Manager,), {"_impl_cls": impl_cls, **facts})
     register(impl_cls)(adapter)
     return adapter
 
@@ -167,8 +168,7 @@ CircularBufferManager = _manager(circular_buffer.CircularBufferManager, "Circula
 RSWAManager = _manager(rswa.RSWAManager, "RSWAManager")
 
 
-_EAGLE_HOLDS_LAST_TOKEN = (
-    convert.PROFILE.mamba_prefill_checkpoints is MambaPrefillCheckpoints.HASH_GRID)
+_EAGLE_HOLDS_LAST_TOKEN = convert.PROFILE.mamba_prefill_checkpoints.on_hash_grid
 
 
 def get_mamba_prefill_checkpoint_position(num_tokens, hash_block_size, drop_eagle_block,

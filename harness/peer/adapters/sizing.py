@@ -52,7 +52,8 @@ INTERFACE_REBOUND = ("get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window
                      "iter_layer_specs", "is_full_attention_spec")
 # vllm.v1.hisparse.layout's functions rebound too.
 HISPARSE_LAYOUT_REBOUND = ("get_hisparse_kv_cache_groups", "create_hisparse_layout",
-                           "get_hisparse_steady_state_concurrency")
+                           "get_hisparse_steady_state_concurrency",
+                           "get_hisparse_gpu_memory_usage")
 
 # vLLM spec classes rebound to subclasses whose sizing answers are impl's.
 SPEC_CLASSES = (
@@ -129,16 +130,16 @@ def _hisparse(vllm_config) -> ilayout.HiSparsePlanning | None:
     try:
         from vllm.v1.attention.backend import max_decode_query_len
     except ImportError:
-        # 0.30's HiSparse config has no decode query bound: an older shape.
-        raise ImplLacks(F.HISPARSE, f"HiSparse planning under vLLM "
-                                    f"{convert.PROFILE.name}") from None
+        # 0.30 reads the widest decode query in HiSparse's own runtime.
+        from vllm.v1.hisparse.runtime import _get_max_decode_query_len as max_decode_query_len
 
     return ilayout.HiSparsePlanning(
         index_topk=vllm_config.model_config.hf_config.index_topk,
         device_buffer_size=config.device_buffer_size,
         max_decode_query_len=max_decode_query_len(vllm_config),
         host_pool_bytes=_host_pool_bytes(vllm_config),
-        shared_host_pool=_shared_host_pool(vllm_config))
+        shared_host_pool=_shared_host_pool(vllm_config),
+        layout_stage=convert.PROFILE.hisparse_layout_stage)
 
 
 def planning_config(vllm_config) -> iplan.KVCachePlanningConfig:
@@ -186,9 +187,10 @@ def _draft_groups(vllm_config) -> dict:
     if spec_config is None or not (drops_blocks or spec_config.use_eagle)():
         return {}
     model_type = _field(vllm_config, "model_config", "hf_config", "model_type")
+    rule = convert.PROFILE.trailing_draft_layers
     trailing = spec_config.use_eagle() and ieagle.uses_trailing_draft_layers(
-        spec_config.method, model_type)
-    return dict(flags_draft_groups=True, draft_layers_trailing=trailing)
+        spec_config.method, model_type, rule)
+    return dict(flags_draft_groups=True, draft_layers_trailing=trailing, trailing_rule=rule)
 
 
 def _usage_args(vllm_config) -> dict:
@@ -339,9 +341,36 @@ def unify_hybrid_kv_cache_specs(kv_cache_spec):
 
 
 
+def _layer_specs(groups) -> dict:
+    """The vLLM spec of every layer of vLLM's groups."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+
+    out = {}
+    for g in groups:
+        if isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs):
+            out.update(g.kv_cache_spec.kv_cache_specs)
+        else:
+            out.update(dict.fromkeys(g.layer_names, g.kv_cache_spec))
+    return out
+
+
+def _planned_groups(impl_groups, planned, vllm_groups):
+    """impl's planned groups as vLLM's: the caller's own objects where impl
+    kept the group, converted where planning derived it (HiSparse)."""
+    mine = {id(i): g for i, g in zip(impl_groups, vllm_groups)}
+    specs = _layer_specs(vllm_groups)
+    return [mine[id(g)] if id(g) in mine else to_vllm_groups([g], specs)[0]
+            for g in planned]
+
+
 def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
-    plan = planning_config(vllm_config).plan(
-        [convert.to_impl_group(g) for g in kv_cache_groups], available_memory)
+    cfg = planning_config(vllm_config)
+    impl_groups = [convert.to_impl_group(g) for g in kv_cache_groups]
+    plan = cfg.plan(impl_groups, available_memory)
+    if cfg.hisparse_derived_when_planned and kv_cache_groups:
+        return _to_vllm_config(
+            plan, _planned_groups(impl_groups, plan.kv_cache_groups, kv_cache_groups),
+            vllm_config)
     # impl lists HiSparse's host group first, as vLLM does; the groups are the caller's.
     ordered = sorted(kv_cache_groups, key=lambda g: not g.host_resident)
     return _to_vllm_config(plan, ordered, vllm_config)
@@ -392,15 +421,22 @@ def create_hisparse_layout(vllm_config, groups, host_budget):
 
     cfg = planning_config(vllm_config)
     impl_groups = [convert.to_impl_group(g) for g in groups]
-    pools = ilayout.plan_host_pool(impl_groups, cfg.max_model_len, host_budget,
-                                   cfg.hisparse.shared_host_pool)
-    # The caller's own group objects, split as impl split them.
-    by_id = {id(i): g for i, g in zip(impl_groups, groups)}
-    return HiSparseLayout(source_group=by_id[id(pools.source_group)],
-                          device_groups=[by_id[id(g)] for g in pools.device_groups],
+    pools = ilayout.hisparse_layout(impl_groups, cfg.max_model_len, cfg.hisparse,
+                                    host_budget)
+    # The caller's own group objects, split as impl split them (and those
+    # impl derived, converted).
+    source, *device = _planned_groups(impl_groups, [pools.source_group, *pools.device_groups],
+                                      groups)
+    return HiSparseLayout(source_group=source, device_groups=device,
                           host_num_blocks=pools.host_num_blocks,
                           host_block_stride=pools.host_block_stride,
                           shared_host_pool=pools.shared_host_pool)
+
+
+def get_hisparse_gpu_memory_usage(vllm_config, kv_cache_groups) -> int:
+    cfg = planning_config(vllm_config)
+    return ilayout.planned_device_usage([convert.to_impl_group(g) for g in kv_cache_groups],
+                                        cfg.usage)
 
 
 def get_hisparse_steady_state_concurrency(vllm_config, kv_cache_config) -> float:

@@ -1,5 +1,6 @@
-"""vLLM's worker block tables (vllm.v1.worker.block_table) and per-rank
-context-parallel lengths over impl/worker.
+"""vLLM's worker block tables (vllm.v1.worker.block_table), per-rank
+context-parallel lengths and the worker's KV cache allocation
+(vllm.v1.worker.utils.allocate_kv_cache) over impl/worker.
 
 A table's arrays are impl's own: `block_table.np` is impl's int32 table, its
 `cpu` and `gpu` tensors share that memory (the tests run on a CPU, where the
@@ -196,6 +197,24 @@ def should_skip_dcp_context_attention(context_kv_lens_cpu) -> bool:
     return icp.skips_context_attention(context_kv_lens_cpu.cpu().numpy())
 
 
+def allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None):
+    """vLLM's worker allocation over impl's: the config's tensors and groups
+    as impl's plan, vLLM's layout enum by its name; the views are impl's."""
+    from harness.peer import convert
+    from impl import kv_cache_sizing as isizing
+    from impl.worker import kv_cache_allocation as ialloc
+
+    tensors = [isizing.KVCacheTensor(t.size, list(t.layers), t.layer_stride, t.block_stride,
+                                     t.offset, getattr(t, "host_resident", False))
+               for t in kv_cache_config.kv_cache_tensors]
+    groups = [convert.to_impl_group(g) for g in kv_cache_config.kv_cache_groups]
+    plan = isizing.KVCacheConfigPlan(
+        kv_cache_config.num_blocks, tensors, groups,
+        hisparse_host_num_blocks=getattr(kv_cache_config, "hisparse_host_num_blocks", None))
+    sizes = None if kernel_block_sizes is None else list(kernel_block_sizes)
+    return ialloc.allocate_kv_cache(plan, layout.name, sizes, device)
+
+
 # (vLLM module, name, adapter) for rebind.py.
 REBOUND = (
     ("vllm.v1.worker.block_table", "BlockTable", BlockTable),
@@ -204,6 +223,7 @@ REBOUND = (
     ("vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens", get_dcp_local_seq_lens),
     ("vllm.v1.worker.cp_utils", "should_skip_dcp_context_attention",
      should_skip_dcp_context_attention),
+    ("vllm.v1.worker.utils", "allocate_kv_cache", allocate_kv_cache),
 )
 # vLLM's own callers that build a worker table: the InputBatch the tests
 # drive makes impl's (as rebind_vllm_callers does for the checkpoint helpers).

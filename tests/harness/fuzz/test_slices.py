@@ -29,8 +29,8 @@ def test_a_release_without_a_feature_gets_no_slice_of_its_kind_configs():
     assert {"full_attention", "sliding_window", "hybrid_mamba"} <= old
     # Negative control: without a profile nothing is left out.
     assert _kinds(fuzz_slices(10.0, 0)) == set(kind_names())
-    # 0.30 has circular buffers and sparse MLA; not HiSparse (another API
-    # then), nor the Mamba checkpoint blocks the retention cases reserve.
+    # 0.30 has circular buffers, sparse MLA and the Mamba checkpoint blocks
+    # the retention cases reserve; not HiSparse (another API then).
     mid = _kinds(fuzz_slices(10.0, 0, get_profile("0.30")))
-    assert {"circular_buffer", "sparse_mla"} <= mid
-    assert not {"hisparse", "retention"} & mid
+    assert {"circular_buffer", "sparse_mla", "retention", "mamba_checkpoints"} <= mid
+    assert "hisparse" not in mid
